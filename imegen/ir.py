@@ -1,0 +1,210 @@
+"""Stage 2: raw settings -> a validated, frozen KernelSpec.
+
+Every rule that decides whether a kernel can run on its target lives in this file, so a
+spec is either refused here (with the position of the offending setting and the reason) or
+is known to be generatable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .errors import Span, SpecError
+from .parse import Block, Setting, parse_file, parse_text
+
+VECTOR_REGISTERS = 32
+IME_VLEN = 256  # K1/X60: vmadot's 4x8x4 int8 tile is defined for VLEN=256 only.
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    op: str = "gemm"  # gemm (M>1, prefill) | gemv (M=1, decode)
+    bits: int = 4  # weight bits: 4 | 8
+    block: int = 32  # quantization block size along K
+    zero_point: str = "symmetric"  # symmetric (implicit 2^(bits-1)) | asymmetric (ORT uint8-packed)
+    bias: bool = False
+    compute: str = "fp32"  # fp32 (dequantize B, fp32 FMA) | int8 (quantize A per block, integer dots)
+    target: str = "scalar"  # ime | rvv | scalar
+    vlen: int | None = None  # ime: 256; rvv: the smallest VLEN the kernel accepts
+    tile_m: int = 1  # register-blocked output tile, rows
+    tile_n: int = 16  # ... and columns
+    k_unroll: int = 2  # K steps per inner-loop iteration (ime: 8-k vmadot steps; else single k)
+    unpack: str = "planar"  # int4 nibble order in packed B: planar (k, k+8) | interleaved (k, k+1)
+    panel: int = 16  # packed-B column panel width
+    scales: str = "inline"  # scales/zero points: inline (ahead of each panel block) | separate
+    source: Span | None = field(default=None, compare=False)
+
+    def describe(self) -> str:
+        """One line with every setting, for generated-file headers and tables."""
+        vlen = f" vlen={self.vlen}" if self.vlen else ""
+        return (
+            f"op={self.op} bits={self.bits} block={self.block} zero_point={self.zero_point} "
+            f"bias={'yes' if self.bias else 'no'} compute={self.compute} target={self.target}{vlen} "
+            f"tile={self.tile_m}x{self.tile_n} k_unroll={self.k_unroll} unpack={self.unpack} "
+            f"panel={self.panel} scales={self.scales}"
+        )
+
+
+# key -> (field name, allowed values or a type). Order is the order shown in error messages.
+_CHOICES: dict[str, tuple[str, object]] = {
+    "op": ("op", ("gemm", "gemv")),
+    "bits": ("bits", (4, 8)),
+    "block": ("block", (16, 32, 64, 128, 256)),
+    "zero_point": ("zero_point", ("symmetric", "asymmetric")),
+    "bias": ("bias", ("yes", "no")),
+    "compute": ("compute", ("fp32", "int8")),
+    "target": ("target", ("ime", "rvv", "scalar")),
+    "vlen": ("vlen", (128, 256, 512, 1024)),
+    "tile": ("tile", tuple),
+    "k_unroll": ("k_unroll", (1, 2, 4, 8)),
+    "unpack": ("unpack", ("planar", "interleaved")),
+    "panel": ("panel", int),
+    "scales": ("scales", ("inline", "separate")),
+}
+
+
+def _fmt(values) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _check_value(s: Setting):
+    if s.key not in _CHOICES:
+        raise SpecError(s.span, f"unknown setting '{s.key}'; expected one of: {_fmt(_CHOICES)}")
+    _, allowed = _CHOICES[s.key]
+    if allowed is tuple:
+        if not isinstance(s.value, tuple):
+            raise SpecError(s.value_span, f"'{s.key}' expects a tile MxN such as 4x16, got {s.value!r}")
+        if min(s.value) < 1:
+            raise SpecError(s.value_span, f"tile dimensions must be positive, got {s.value[0]}x{s.value[1]}")
+        return s.value
+    if allowed is int:
+        if not isinstance(s.value, int) or s.value < 1:
+            raise SpecError(s.value_span, f"'{s.key}' expects a positive integer, got {s.value!r}")
+        return s.value
+    if s.value not in allowed:
+        raise SpecError(s.value_span, f"'{s.key}' must be one of: {_fmt(allowed)}; got {s.value!r}")
+    return s.value
+
+
+def _collect(settings: tuple[Setting, ...], into: dict[str, Setting]) -> None:
+    seen: set[str] = set()
+    for s in settings:
+        _check_value(s)
+        if s.key in seen:
+            raise SpecError(s.span, f"'{s.key}' is set twice in this block")
+        seen.add(s.key)
+        into[s.key] = s
+
+
+def lmul_for(bits_needed: int, vlen: int) -> int:
+    """Smallest power-of-two LMUL whose register group holds `bits_needed` bits at `vlen`."""
+    lmul = 1
+    while lmul * vlen < bits_needed:
+        lmul *= 2
+    return lmul
+
+
+def register_budget(spec: KernelSpec) -> dict[str, int]:
+    """Vector registers the kernel's inner loop keeps live, by class (0 for scalar)."""
+    if spec.target == "ime":
+        ma, na = max(1, spec.tile_m // 4), spec.tile_n // 4
+        a_regs = 2 * -(-spec.k_unroll // 4) if spec.tile_m == 1 else ma * spec.k_unroll
+        return {"int32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": na * spec.k_unroll}
+    if spec.target == "rvv":
+        if spec.compute == "fp32":
+            l32 = lmul_for(spec.tile_n * 32, spec.vlen)
+            return {"fp32 accumulators": spec.tile_m * l32, "B codes": 1, "dequantized B": l32,
+                    "scales": l32, "zero points": l32}
+        l16 = lmul_for(spec.tile_n * 16, spec.vlen)
+        return {"int32 accumulators": spec.tile_m * 2 * l16, "fp32 accumulators": spec.tile_m * 2 * l16,
+                "B codes": 1, "B int16": l16, "zero points": l16, "scales": 2 * l16}
+    return {}
+
+
+def _refuse(where: dict[str, Setting], key: str, fallback: Span | None, message: str):
+    raise SpecError(where[key].span if key in where else fallback, message)
+
+
+def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpec:
+    """Turn one kernel's settings (defaults merged in) into a KernelSpec, or refuse it."""
+    kw: dict[str, object] = {}
+    for key, setting in s.items():
+        field_name = _CHOICES[key][0]
+        if key == "tile":
+            kw["tile_m"], kw["tile_n"] = setting.value
+        elif key == "bias":
+            kw["bias"] = setting.value == "yes"
+        else:
+            kw[field_name] = setting.value
+    spec = KernelSpec(name=name, source=span, **kw)
+
+    def refuse(key: str, message: str):
+        _refuse(s, key, span, f"kernel '{name}': {message}")
+
+    if spec.op == "gemv" and spec.tile_m != 1:
+        refuse("tile", f"a gemv kernel computes one row at a time, so its tile must be 1xN, not {spec.tile_m}x{spec.tile_n}")
+    if spec.panel % spec.tile_n:
+        refuse("panel", f"panel width {spec.panel} must be a multiple of the tile width {spec.tile_n}")
+
+    if spec.target == "scalar":
+        if spec.vlen is not None:
+            refuse("vlen", "target scalar uses no vector registers; remove 'vlen'")
+        if spec.tile_m * spec.tile_n > 256:
+            refuse("tile", f"scalar tile {spec.tile_m}x{spec.tile_n} has more than 256 accumulators")
+    elif spec.target == "ime":
+        if spec.compute != "int8":
+            refuse("compute", "vmadot multiplies int8 operands; target ime needs compute = int8 (use rvv or scalar for fp32)")
+        if spec.vlen not in (None, IME_VLEN):
+            refuse("vlen", f"IME's 4x8x4 vmadot tile exists only at VLEN={IME_VLEN} (K1), not {spec.vlen}")
+        spec = replace(spec, vlen=IME_VLEN)
+        if spec.tile_n % 4:
+            refuse("tile", f"tile width {spec.tile_n} is not a multiple of vmadot's 4 output columns")
+        if spec.tile_m != 1 and spec.tile_m % 4:
+            refuse("tile", f"tile height {spec.tile_m} is neither 1 (gemv, one live row) nor a multiple of vmadot's 4 rows")
+        if spec.bits == 4 and spec.k_unroll % 2:
+            refuse("k_unroll", "4-bit IME needs an even k_unroll: one 32-byte B load unpacks into two 8-k vmadot steps")
+        if spec.block % (8 * spec.k_unroll):
+            refuse("k_unroll", f"block {spec.block} is not a multiple of the K step 8*k_unroll = {8 * spec.k_unroll}")
+    else:  # rvv
+        spec = replace(spec, vlen=spec.vlen or 128)
+        bits_needed = spec.tile_n * (32 if spec.compute == "fp32" else 64)  # int8 path: int32 acc = 2x int16 B
+        if bits_needed > 8 * spec.vlen:
+            refuse("tile", f"tile width {spec.tile_n} needs LMUL > 8 at VLEN={spec.vlen}")
+    if spec.target != "ime" and spec.block % (2 * spec.k_unroll):
+        refuse("k_unroll", f"block {spec.block} is not a multiple of the K step 2*k_unroll = {2 * spec.k_unroll}")
+
+    budget = register_budget(spec)
+    if sum(budget.values()) > VECTOR_REGISTERS:
+        parts = ", ".join(f"{k} {v}" for k, v in budget.items())
+        refuse("tile", f"tile {spec.tile_m}x{spec.tile_n} with k_unroll {spec.k_unroll} needs "
+               f"{sum(budget.values())} vector registers ({parts}) > {VECTOR_REGISTERS}")
+    return spec
+
+
+def specs_from_blocks(blocks: list[Block]) -> list[KernelSpec]:
+    defaults: dict[str, Setting] = {}
+    specs: list[KernelSpec] = []
+    names: dict[str, Span] = {}
+    for block in blocks:
+        if block.kind == "defaults":
+            _collect(block.settings, defaults)
+            continue
+        if block.name in names:
+            raise SpecError(block.span, f"kernel '{block.name}' is already defined at {names[block.name]}")
+        names[block.name] = block.span
+        own: dict[str, Setting] = {}
+        _collect(block.settings, own)
+        specs.append(build_spec(block.name, {**defaults, **own}, block.span))
+    if not specs:
+        raise SpecError(blocks[0].span if blocks else None, "the spec defines no kernel")
+    return specs
+
+
+def load_specs(path: str | Path) -> list[KernelSpec]:
+    return specs_from_blocks(parse_file(path))
+
+
+def specs_from_text(text: str, filename: str = "<spec>") -> list[KernelSpec]:
+    return specs_from_blocks(parse_text(text, filename))

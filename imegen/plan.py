@@ -1,0 +1,240 @@
+"""Stage 3: KernelSpec -> KernelPlan, every number and layout formula the templates need.
+
+Templates only place what is decided here: packed-B and A-workspace index formulas (as C
+expressions), RVV type names, and for IME the fixed register map and the inner-loop
+instruction list with each vmadot already encoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ime_encoding import encode_vmadot, mnemonic
+from .ir import KernelSpec, lmul_for, register_budget
+
+IME_SIGNEDNESS = "su"  # A int8 signed x B raw unsigned codes; zero points are folded in the epilogue.
+
+
+@dataclass(frozen=True)
+class PackLayout:
+    """Packed B: column panels of `panel` columns; per (panel, block) a data chunk.
+
+    `byte`/`shift` are C expressions in c (column within panel) and kk (k within block)
+    giving where the element's code lives in the chunk's data.
+    """
+
+    panel: int
+    data_bytes: int  # per (panel, block)
+    inline: bool  # scales/zero points stored ahead of each chunk's data
+    scale_bytes: int  # per (panel, block)
+    zp_bytes: int  # per (panel, block), 0 when symmetric
+    byte: str
+    shift: str
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.data_bytes + (self.scale_bytes + self.zp_bytes if self.inline else 0)
+
+
+@dataclass(frozen=True)
+class AsmOp:
+    kind: str  # vle8 | addi | add | vand | vsrl | vmadot
+    text: str  # the assembly, registers resolved
+    comment: str = ""
+
+
+@dataclass(frozen=True)
+class ImePlan:
+    ma: int  # vmadot tiles down the output tile (A tiles)
+    na: int  # vmadot tiles across (B tiles)
+    acc_regs: tuple[tuple[int, ...], ...]  # [mi][ni] -> even vd of the int32 accumulator pair
+    body: tuple[AsmOp, ...]  # one inner-loop iteration: k_unroll 8-k steps
+    iterations_per_block: int
+    a_bytes_per_iteration: int
+    b_stride: int  # bytes between consecutive 8-k (8-bit) or 16-k (4-bit) groups of a panel
+    clobbers: tuple[str, ...]
+    vmadots_per_tile_block: int
+
+
+@dataclass(frozen=True)
+class RvvTypes:
+    """Type/intrinsic suffixes: e.g. f32='f32m2', u8='u8mf2'."""
+
+    lmul: int  # of the 32-bit accumulators
+    f32: str
+    i32: str
+    u32: str
+    i16: str
+    u16: str
+    u8: str
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    spec: KernelSpec
+    pack: PackLayout
+    zp_default: int
+    k_lo: str  # C expr in kp: first k of byte-row kp (rvv/scalar)
+    k_hi: str  # ... second k (4-bit only)
+    a_index: str  # C expr in m, k, Kpad: byte/element offset of A[m][k] in the workspace
+    a_rows_padded_to: int
+    a_tail_pad: int  # extra workspace bytes read past the last row (IME gemv loads 32 bytes)
+    rvv: RvvTypes | None
+    ime: ImePlan | None
+    budget: dict
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def _lmul_name(num: int, den: int = 1) -> str:
+    return f"m{num // den}" if num >= den else f"mf{den // num}"
+
+
+def _rvv_types(spec: KernelSpec) -> RvvTypes:
+    if spec.compute == "fp32":
+        l32 = lmul_for(spec.tile_n * 32, spec.vlen)
+        return RvvTypes(l32, f"f32m{l32}", f"i32m{l32}", f"u32m{l32}", "", "", "u8" + _lmul_name(l32, 4))
+    l16 = lmul_for(spec.tile_n * 16, spec.vlen)
+    l32 = 2 * l16
+    return RvvTypes(l32, f"f32m{l32}", f"i32m{l32}", f"u32m{l32}", f"i16m{l16}", f"u16m{l16}", "u8" + _lmul_name(l16, 2))
+
+
+def _pack_layout(spec: KernelSpec) -> PackLayout:
+    np_, blk = spec.panel, spec.block
+    scale_bytes = 4 * np_
+    zp_bytes = 0 if spec.zero_point == "symmetric" else -(-np_ // 4) * 4  # keep data 4-byte aligned
+    inline = spec.scales == "inline"
+    if spec.target == "ime":
+        # 32-byte vmadot B tiles: 4 columns x 8 bytes, column groups of a panel side by side.
+        tile = f"(c / 4) * 32 + (c % 4) * 8"
+        if spec.bits == 8:
+            byte, shift = f"(kk / 8) * {np_ * 8} + {tile} + kk % 8", "0"
+        elif spec.unpack == "planar":  # byte j: k=j (low nibble), k=j+8 (high): vand/vsrl give k0-7, k8-15
+            byte, shift = f"(kk / 16) * {np_ * 8} + {tile} + kk % 8", "((kk % 16) / 8) * 4"
+        else:  # interleaved = ORT's own order: byte j holds k=2j, 2j+1
+            byte, shift = f"(kk / 16) * {np_ * 8} + {tile} + (kk % 16) / 2", "(kk % 2) * 4"
+    else:
+        # One byte row per k (8-bit) or k pair (4-bit): a vector load reads one row of the panel.
+        if spec.bits == 8:
+            byte, shift = f"kk * {np_} + c", "0"
+        elif spec.unpack == "planar":
+            byte, shift = f"((kk / 16) * 8 + kk % 8) * {np_} + c", "((kk % 16) / 8) * 4"
+        else:
+            byte, shift = f"(kk / 2) * {np_} + c", "(kk % 2) * 4"
+    data_bytes = np_ * blk * spec.bits // 8
+    return PackLayout(np_, data_bytes, inline, scale_bytes, zp_bytes, byte, shift)
+
+
+def _k_pair(spec: KernelSpec) -> tuple[str, str]:
+    if spec.bits == 8:
+        return "kp", ""
+    if spec.unpack == "planar":
+        return "(kp / 8) * 16 + kp % 8", "(kp / 8) * 16 + kp % 8 + 8"
+    return "2 * kp", "2 * kp + 1"
+
+
+def _a_index(spec: KernelSpec) -> tuple[str, int, int]:
+    """Where quantized (or staged fp32) A[m][k] lives; returns (C expr, row padding, tail bytes)."""
+    if spec.target != "ime":
+        return "m * Kpad + k", spec.tile_m, 0
+    # IME: A tiles hold k in the order the B tiles were unpacked into (see _pack_layout).
+    pos = "k" if (spec.bits == 8 or spec.unpack == "planar") else "(k / 16) * 16 + (k % 2) * 8 + (k % 16) / 2"
+    if spec.tile_m == 1:  # gemv: one row, 8-k steps back to back; slide forms walk a 32-byte load
+        return f"m * (Kpad + 32) + {pos}", 1, 32
+    ma = spec.tile_m // 4
+    # [row tile][8-k step][A tile mi][4 rows x 8 k]
+    expr = (f"(((m / {spec.tile_m}) * (Kpad / 8) + ({pos}) / 8) * {ma} + (m % {spec.tile_m}) / 4) * 32"
+            f" + (m % 4) * 8 + ({pos}) % 8")
+    return expr, spec.tile_m, 0
+
+
+def _ime_plan(spec: KernelSpec) -> ImePlan:
+    ma, na, ku = max(1, spec.tile_m // 4), spec.tile_n // 4, spec.k_unroll
+    gemv = spec.tile_m == 1
+    next_reg = 0
+
+    def take(n: int) -> int:
+        nonlocal next_reg
+        first, next_reg = next_reg, next_reg + n
+        return first
+
+    acc = tuple(tuple(take(2) for _ in range(na)) for _ in range(ma))
+    if gemv:  # one A register (plus its odd partner, read by slides) feeds 4 k-steps
+        a_reg = [take(2) for _ in range(-(-ku // 4))]
+    else:
+        a_reg = [[take(1) for _ in range(ma)] for _ in range(ku)]
+    b_groups = ku // 2 if spec.bits == 4 else ku
+    b_reg = [[take(1) for _ in range(na)] for _ in range(b_groups)]
+    b_lo = [[take(1) for _ in range(na)] for _ in range(b_groups)] if spec.bits == 4 else None
+    assert next_reg == sum(register_budget(spec).values()) <= 32, "budget and allocation disagree"
+
+    ops: list[AsmOp] = []
+
+    def load(reg: int, ptr: str, offset: int, what: str):
+        if offset:
+            ops.append(AsmOp("addi", f"addi t1, {ptr}, {offset}"))
+            ops.append(AsmOp("vle8", f"vle8.v v{reg}, (t1)", what))
+        else:
+            ops.append(AsmOp("vle8", f"vle8.v v{reg}, ({ptr})", what))
+
+    if gemv:
+        for q, reg in enumerate(a_reg):
+            load(reg, "%[a]", q * 32, f"A row, k-steps {4 * q}..{4 * q + 3}")
+    else:
+        for s in range(ku):
+            for mi in range(ma):
+                load(a_reg[s][mi], "%[a]", (s * ma + mi) * 32, f"A rows {4 * mi}..{4 * mi + 3}, k-step {s}")
+    for g in range(b_groups):
+        for ni in range(na):
+            load(b_reg[g][ni], "%[b]", ni * 32, f"B cols {4 * ni}..{4 * ni + 3}, group {g}")
+            if spec.bits == 4:
+                ops.append(AsmOp("vand", f"vand.vi v{b_lo[g][ni]}, v{b_reg[g][ni]}, 15", "low nibbles"))
+                ops.append(AsmOp("vsrl", f"vsrl.vi v{b_reg[g][ni]}, v{b_reg[g][ni]}, 4", "high nibbles"))
+        ops.append(AsmOp("add", "add %[b], %[b], %[bstride]"))
+    for s in range(ku):
+        g, half = (s // 2, s % 2) if spec.bits == 4 else (s, 0)
+        for mi in range(ma):
+            vs1, slide = (a_reg[s // 4], s % 4) if gemv else (a_reg[s][mi], 0)
+            for ni in range(na):
+                vs2 = b_reg[g][ni] if (spec.bits == 8 or half) else b_lo[g][ni]
+                vd = acc[mi][ni]
+                word = encode_vmadot(vd, vs1, vs2, signedness=IME_SIGNEDNESS, slide=slide)
+                ops.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic(IME_SIGNEDNESS, slide)} v{vd}, v{vs1}, v{vs2}"))
+    a_step = ku * 8 if gemv else ku * ma * 32
+    ops.append(AsmOp("addi", f"addi %[a], %[a], {a_step}"))
+    return ImePlan(
+        ma=ma, na=na, acc_regs=acc, body=tuple(ops),
+        iterations_per_block=spec.block // (8 * ku), a_bytes_per_iteration=a_step,
+        b_stride=spec.panel * 8,  # a panel's B tiles for one 16-k (4-bit) or 8-k (8-bit) group
+        clobbers=tuple(f"v{r}" for r in range(next_reg)),
+        vmadots_per_tile_block=(spec.block // 8) * ma * na,
+    )
+
+
+def plan_kernel(spec: KernelSpec) -> KernelPlan:
+    k_lo, k_hi = _k_pair(spec)
+    a_index, rows_pad, tail = _a_index(spec)
+    return KernelPlan(
+        spec=spec,
+        pack=_pack_layout(spec),
+        zp_default=1 << (spec.bits - 1),
+        k_lo=k_lo,
+        k_hi=k_hi,
+        a_index=a_index,
+        a_rows_padded_to=rows_pad,
+        a_tail_pad=tail,
+        rvv=_rvv_types(spec) if spec.target == "rvv" else None,
+        ime=_ime_plan(spec) if spec.target == "ime" else None,
+        budget=register_budget(spec),
+    )
+
+
+def expected_vmadots(plan: KernelPlan, M: int, N: int, K: int) -> int:
+    """vmadot instructions one matmul call executes: lets tests prove the IME path ran."""
+    if plan.ime is None:
+        return 0
+    s = plan.spec
+    tiles = -(-M // s.tile_m) * -(-N // s.tile_n)
+    return tiles * -(-K // s.block) * plan.ime.vmadots_per_tile_block

@@ -1,0 +1,59 @@
+"""Stage 4: KernelPlan -> C source text, through the Jinja2 templates in templates/."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from . import __version__
+from .plan import KernelPlan
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+_TYPE_PREFIX = {"f": "vfloat", "i": "vint", "u": "vuint"}
+
+
+def vector_type(suffix: str) -> str:
+    """RVV intrinsic suffix -> C type: 'f32m2' -> 'vfloat32m2_t', 'u8mf2' -> 'vuint8mf2_t'."""
+    return f"{_TYPE_PREFIX[suffix[0]]}{suffix[1:]}_t"
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["vtype"] = vector_type
+    env.globals["version"] = __version__
+    return env
+
+
+def _render(template: str, plan: KernelPlan, spec_file: str) -> str:
+    return _env().get_template(template).render(plan=plan, P=f"{plan.name}_", spec_file=spec_file)
+
+
+def render_kernel(plan: KernelPlan, spec_file: str) -> dict[str, str]:
+    """File name -> contents for one kernel: its .c and .h."""
+    return {
+        f"{plan.name}.h": _render("kernel.h.j2", plan, spec_file),
+        f"{plan.name}.c": _render("kernel.c.j2", plan, spec_file),
+    }
+
+
+def render_driver(plan: KernelPlan, spec_file: str) -> str:
+    """A test driver: reads cases from a file, runs pack + matmul, writes C (see verify.py)."""
+    return _render("driver.c.j2", plan, spec_file)
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """Write only when the text differs, so build systems see no spurious change."""
+    if path.exists() and path.read_text() == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return True

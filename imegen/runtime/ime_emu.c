@@ -1,0 +1,180 @@
+/* SIGILL trap-and-emulate for SpacemiT K1 IME vmadot* (see ime_emu.h).
+ *
+ * Build this file WITHOUT the V extension (-march=rv64gc): the handler runs while the
+ * interrupted code's vector registers are live, and under QEMU user mode they are neither
+ * saved nor restored around the signal. Compiled without V, the C code cannot touch them;
+ * the only vector instructions are the explicit whole-register spills/fills below, which
+ * also leave vl and vtype alone.
+ *
+ * Semantics (docs/ime-isa-notes.md §1.3): C[4x4] int32 (rows 0-1 in vd, rows 2-3 in vd+1)
+ * += A[4x8] x B^T, A = vs1 bytes row-major (slide n: rows n..n+3 of the 8x8 stack
+ * {vs1, vs1+1}), B^T = vs2 bytes (byte j*8+k is B[k][j]). Accumulation wraps mod 2^32.
+ */
+#define _GNU_SOURCE /* REG_PC and the ucontext_t register names */
+#include "ime_emu.h"
+
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+#define VLENB 32 /* K1: VLEN = 256 bits */
+
+/* Let the assembler accept one vector instruction although the file is built for rv64gc. */
+#define WITH_V(insn) ".option push\n\t.option arch, +v\n\t" insn "\n\t.option pop"
+
+/* Register numbers are part of the instruction, so each register needs its own asm statement. */
+#define VREGS(X)                                                                              \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)  \
+    X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) X(28) X(29)   \
+    X(30) X(31)
+
+#define SPILL_CASE(n)                                                                  \
+    case n:                                                                            \
+        __asm__ volatile(WITH_V("vs1r.v v" #n ", (%0)") : : "r"(buf) : "memory");     \
+        break;
+#define FILL_CASE(n)                                                                   \
+    case n:                                                                            \
+        __asm__ volatile(WITH_V("vl1r.v v" #n ", (%0)") : : "r"(buf) : "memory");     \
+        break;
+
+static void vreg_spill(unsigned reg, void *buf) {
+    switch (reg) { VREGS(SPILL_CASE) }
+}
+
+static void vreg_fill(unsigned reg, const void *buf) {
+    switch (reg) { VREGS(FILL_CASE) }
+}
+
+struct vmadot {
+    unsigned vd, vs1, vs2, slide;
+    int a_signed, b_signed;
+};
+
+/* Decode a K1 vmadot word (LLVM RISCVInstrInfoXSpacemiT.td); 0 if it is anything else. */
+static int vmadot_decode(uint32_t w, struct vmadot *d) {
+    unsigned funct7 = w >> 25;
+    if ((w & 0x7f) != 0x2b || (w >> 7 & 1)) /* custom-1, vd even */
+        return 0;
+    if (funct7 == 0x71) { /* base: bit 14 reserved */
+        if (w >> 14 & 1)
+            return 0;
+        d->vs1 = w >> 15 & 31;
+        d->slide = 0;
+    } else if (funct7 == 0x73) { /* slide: vs1[4:1] in [19:16], slide-1 in [15:14] */
+        unsigned funct2 = w >> 14 & 3;
+        if (funct2 == 3)
+            return 0;
+        d->vs1 = (w >> 16 & 15) << 1;
+        d->slide = funct2 + 1;
+    } else {
+        return 0;
+    }
+    d->vd = w >> 7 & 31;
+    d->vs2 = w >> 20 & 31;
+    d->a_signed = w >> 13 & 1; /* sg: 00 uu, 01 us, 10 su, 11 ss (A, B) */
+    d->b_signed = w >> 12 & 1;
+    return 1;
+}
+
+/* The IME spec requires LMUL = 1 (other LMUL must raise illegal instruction), so emulating
+ * a vmadot issued under e.g. e32,m2 would hide a bug that real hardware would trap on. */
+static int vtype_allows_ime(void) {
+    unsigned long vtype;
+    __asm__ volatile(WITH_V("csrr %0, vtype") : "=r"(vtype));
+    int vill = (int)(vtype >> (8 * sizeof vtype - 1));
+    return !vill && (vtype & 7) == 0; /* vlmul = 000: LMUL = 1 */
+}
+
+static int32_t elem(uint8_t byte, int is_signed) {
+    return is_signed ? (int8_t)byte : byte;
+}
+
+static void vmadot_execute(const struct vmadot *d) {
+    /* Spill every source before writing vd: results are then defined even for overlapping
+     * registers, which the assembler rejects but the hardware need not check. */
+    uint8_t a[2 * VLENB], b[VLENB];
+    uint32_t c[2 * VLENB / 4];
+    vreg_spill(d->vs1, a);
+    if (d->slide)
+        vreg_spill(d->vs1 + 1, a + VLENB);
+    vreg_spill(d->vs2, b);
+    vreg_spill(d->vd, c);
+    vreg_spill(d->vd + 1, c + VLENB / 4);
+
+    const uint8_t *arow0 = a + 8 * d->slide;
+    for (int i = 0; i < 4; i++) {
+        for (int j = 0; j < 4; j++) {
+            uint32_t acc = c[i * 4 + j];
+            for (int k = 0; k < 8; k++) /* |product| <= 255*255: exact in int32; sum wraps */
+                acc += (uint32_t)(elem(arow0[i * 8 + k], d->a_signed) *
+                                  elem(b[j * 8 + k], d->b_signed));
+            c[i * 4 + j] = acc;
+        }
+    }
+
+    vreg_fill(d->vd, c);
+    vreg_fill(d->vd + 1, c + VLENB / 4);
+}
+
+static unsigned long emulated_count;
+
+unsigned long imegen_ime_emu_count(void) {
+    return __atomic_load_n(&emulated_count, __ATOMIC_RELAXED);
+}
+
+/* Read the word at pc as two halfwords: pc is only 2-byte aligned, and a 16-bit
+ * instruction may end a mapped page. */
+static int fetch_insn32(uintptr_t pc, uint32_t *word) {
+    const volatile uint16_t *p = (const volatile uint16_t *)pc;
+    uint16_t lo = p[0];
+    if ((lo & 3) != 3) /* compressed instruction */
+        return 0;
+    *word = lo | (uint32_t)p[1] << 16;
+    return 1;
+}
+
+static void on_sigill(int sig, siginfo_t *si, void *ctx) {
+    ucontext_t *uc = ctx;
+    uintptr_t pc = uc->uc_mcontext.__gregs[REG_PC];
+    uint32_t word;
+    struct vmadot d;
+    /* si_code <= 0: sent by kill()/raise(), so pc says nothing about the cause. */
+    if (si->si_code <= 0 || !fetch_insn32(pc, &word) || !vmadot_decode(word, &d) ||
+        !vtype_allows_ime()) {
+        /* Not ours: die honestly. The re-raised signal stays blocked until we return,
+         * then the default action terminates the process with SIGILL. */
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigaction(sig, &dfl, NULL);
+        raise(sig);
+        return;
+    }
+    vmadot_execute(&d);
+    __atomic_fetch_add(&emulated_count, 1, __ATOMIC_RELAXED);
+    uc->uc_mcontext.__gregs[REG_PC] = pc + 4;
+}
+
+void imegen_ime_emu_install(void) {
+    unsigned long vlenb;
+    __asm__ volatile(WITH_V("csrr %0, vlenb") : "=r"(vlenb));
+    if (vlenb != VLENB) {
+        fprintf(stderr,
+                "imegen IME emulator: IME requires VLEN=256 (K1), but this CPU has VLEN=%lu; "
+                "run QEMU with -cpu rv64,v=true,vlen=256\n",
+                vlenb * 8);
+        exit(3);
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigill;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGILL, &sa, NULL) != 0) {
+        perror("imegen IME emulator: sigaction(SIGILL)");
+        exit(3);
+    }
+}

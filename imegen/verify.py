@@ -1,0 +1,166 @@
+"""Stage 6: build a kernel's test driver, run cases (natively or under QEMU), compare to NumPy.
+
+The oracle is imegen.reference, which knows nothing of the generator: fp32-compute kernels are
+held to a forward-error bound of the dequantize-then-matmul definition, int8-compute kernels to
+the exact integer model of MLAS CompInt8 plus the rounding of their fp32 block folding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import reference as ref
+from . import toolchain
+from .plan import KernelPlan, expected_vmadots
+from .render import render_driver, render_kernel
+
+CACHE = Path(tempfile.gettempdir()) / "imegen-build-cache"
+EPS32 = 2.0**-24
+
+
+@dataclass(frozen=True)
+class Case:
+    A: np.ndarray  # float32 [M, K]
+    qw: ref.QuantizedWeights
+    bias: np.ndarray | None = None  # float32 [N]
+    lda_pad: int = 0  # extra floats per A row / C row: catches stride bugs
+    ldc_pad: int = 0
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.A.shape[0], self.qw.N, self.qw.K
+
+
+@dataclass(frozen=True)
+class Result:
+    status: int
+    vmadots: int
+    C: np.ndarray
+
+
+@dataclass(frozen=True)
+class Build:
+    plan: KernelPlan
+    exe: Path
+    host: bool
+    compiler: str
+
+
+@dataclass(frozen=True)
+class Comparison:
+    ok: bool
+    max_abs: float
+    max_rel: float
+    message: str
+
+
+def compilers_for(plan: KernelPlan) -> list[str]:
+    """Compilers that can build this target: GCC 12 lacks RVV intrinsics, so rvv is clang only."""
+    return ["clang"] if plan.spec.target == "rvv" else ["clang", "gcc"]
+
+
+def build(plan: KernelPlan, spec_file: str = "<spec>", *, compiler: str = "clang", host: bool = False) -> Build:
+    """Generate kernel + driver and compile them (cached by the hash of the sources)."""
+    if host and plan.spec.target != "scalar":
+        raise ValueError(f"only target scalar builds for the host, not {plan.spec.target}")
+    sources = render_kernel(plan, spec_file)
+    sources["driver.c"] = render_driver(plan, spec_file)
+    key = hashlib.sha256(repr((sorted(sources.items()), compiler, host,
+                               (toolchain.RUNTIME_DIR / "ime_emu.c").read_text())).encode()).hexdigest()[:16]
+    d = CACHE / f"{plan.name}-{key}"
+    exe = d / "driver"
+    if not exe.exists():
+        d.mkdir(parents=True, exist_ok=True)
+        for name, text in sources.items():
+            (d / name).write_text(text)
+        objs: list[Path] = [d / f"{plan.name}.c", d / "driver.c"]
+        if plan.spec.target == "ime":
+            objs.append(toolchain.compile_ime_emu(d / "ime_emu.o", compiler=compiler))
+        tmp = d / "driver.tmp"
+        toolchain.compile_c(objs, tmp, compiler=compiler, host=host, include_dirs=[d, toolchain.RUNTIME_DIR])
+        tmp.rename(exe)
+    return Build(plan, exe, host, compiler)
+
+
+def _encode(plan: KernelPlan, cases: list[Case]) -> bytes:
+    s = plan.spec
+    parts = [struct.pack("<Q", len(cases))]
+    for c in cases:
+        M, N, K = c.shape
+        lda, ldc = K + c.lda_pad, N + c.ldc_pad
+        if (c.qw.bits, c.qw.block_size) != (s.bits, s.block):
+            raise ValueError(f"case weights are {c.qw.bits}-bit block {c.qw.block_size}, kernel wants {s.bits}-bit block {s.block}")
+        if (c.qw.zero_points is None) != (s.zero_point == "symmetric"):
+            raise ValueError(f"case zero points do not match the kernel's zero_point = {s.zero_point}")
+        if (c.bias is None) == s.bias:
+            raise ValueError(f"case bias does not match the kernel's bias = {'yes' if s.bias else 'no'}")
+        A = np.zeros((M, lda), np.float32)
+        A[:, :K] = c.A
+        parts += [struct.pack("<5Q", M, N, K, lda, ldc), A.tobytes(), c.qw.data.tobytes(), c.qw.scales.astype(np.float32).tobytes()]
+        if c.qw.zero_points is not None:
+            parts.append(c.qw.zero_points.tobytes())
+        if c.bias is not None:
+            parts.append(c.bias.astype(np.float32).tobytes())
+    return b"".join(parts)
+
+
+def run_cases(b: Build, cases: list[Case], *, vlen: int | None = 256) -> list[Result]:
+    """Run all cases in one process (QEMU start-up is the slow part)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, outp = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
+        inp.write_bytes(_encode(b.plan, cases))
+        toolchain.run(b.exe, [str(inp), str(outp)], vlen=vlen, host=b.host)
+        raw = outp.read_bytes()
+    results, pos = [], 0
+    for c in cases:
+        M, N, _ = c.shape
+        status, vmadots = struct.unpack_from("<iQ", raw, pos)
+        pos += 12
+        C = np.frombuffer(raw, np.float32, M * N, pos).reshape(M, N)
+        pos += 4 * M * N
+        results.append(Result(status, vmadots, C))
+    return results
+
+
+def oracle(plan: KernelPlan, case: Case) -> tuple[np.ndarray, np.ndarray]:
+    """Reference output (float64) and a per-element error bound for this kernel's compute type."""
+    bias_mag = np.abs(case.bias).astype(np.float64) if case.bias is not None else 0.0
+    if plan.spec.compute == "fp32":
+        Y = ref.matmul_nbits(case.A, case.qw, case.bias)
+        W = ref.dequantize(case.qw)
+        bound = ref.forward_error_bound(case.A, W, case.qw.K) + 2 * EPS32 * (np.abs(Y) + bias_mag)
+        return Y, bound
+    Y, acc = ref.matmul_nbits_int8(case.A, case.qw, case.bias)
+    _, a_scale = ref.quantize_a_int8(case.A, case.qw.block_size)
+    # Each block adds float(dot) * (a_scale * b_scale): dot is exact (< 2^24), the two products and
+    # the sum round, so the fold of kb terms is within (kb + 3) * eps * sum |term|.
+    terms = np.abs(acc) * np.abs(a_scale)[:, None, :] * np.abs(case.qw.scales.astype(np.float64))[None, :, :]
+    bound = (case.qw.k_blocks + 3) * EPS32 * terms.sum(axis=2) + 2 * EPS32 * (np.abs(Y) + bias_mag)
+    return Y, bound
+
+
+def compare(plan: KernelPlan, case: Case, result: Result, *, exact: bool = False) -> Comparison:
+    M, N, K = case.shape
+    if result.status != 0:
+        return Comparison(False, np.inf, np.inf, f"kernel returned status {result.status}")
+    want_vmadots = expected_vmadots(plan, M, N, K)
+    if result.vmadots != want_vmadots:
+        return Comparison(False, np.inf, np.inf, f"executed {result.vmadots} vmadot, expected {want_vmadots}")
+    Y, bound = oracle(plan, case)
+    err = np.abs(result.C.astype(np.float64) - Y)
+    max_abs = float(err.max(initial=0.0))
+    max_rel = float((err / np.maximum(np.abs(Y), 1e-30)).max(initial=0.0))
+    limit = np.zeros_like(bound) if exact else bound
+    bad = ~(err <= limit)  # also catches NaN
+    if bad.any():
+        m, n = np.argwhere(bad)[0]
+        what = "exact" if exact else f"bound {limit[m, n]:.3g}"
+        return Comparison(False, max_abs, max_rel,
+                          f"C[{m},{n}] = {result.C[m, n]!r}, reference {Y[m, n]!r} ({what}); {int(bad.sum())} of {M * N} elements off")
+    return Comparison(True, max_abs, max_rel, "ok")
