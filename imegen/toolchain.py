@@ -89,7 +89,7 @@ def compile_c(sources: list[Path], out: Path, *, compiler: str = "clang", march:
     cmd += ["-c"] if object_only else []
     cmd += ["-o", str(out)] + [str(s) for s in sources]
     cmd += [] if object_only else ["-lm"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = _spawn(cmd, text=True)
     if proc.returncode != 0:
         raise ToolchainError("compilation failed", cmd, proc.returncode, proc.stdout, proc.stderr)
     return out
@@ -107,14 +107,15 @@ def run(exe: Path, args: Sequence[str] = (), *, vlen: int | None = 256, host: bo
     vlen=None keeps QEMU's default VLEN. stdout/stderr are returned as bytes.
     Raises ToolchainError on non-zero exit, death by signal or timeout.
     """
+    exe = str(Path(exe).resolve())  # a bare name would be looked up on PATH
     if host:
-        cmd = [str(exe)]
+        cmd = [exe]
     else:
         cpu = "rv64,v=true" + (f",vlen={vlen}" if vlen is not None else "")
-        cmd = [QEMU, "-L", str(SYSROOT), "-cpu", cpu, str(exe)]
+        cmd = [QEMU, "-L", str(SYSROOT), "-cpu", cpu, exe]
     cmd += list(args)
     try:
-        proc = subprocess.run(cmd, input=input, capture_output=True, timeout=timeout)
+        proc = _spawn(cmd, input=input, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise ToolchainError(f"timed out after {timeout} s", cmd, None,
                              _text(e.stdout), _text(e.stderr)) from None
@@ -122,6 +123,16 @@ def run(exe: Path, args: Sequence[str] = (), *, vlen: int | None = 256, host: bo
         raise ToolchainError("program failed", cmd, proc.returncode,
                              _text(proc.stdout), _text(proc.stderr))
     return proc
+
+
+def _spawn(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run with output captured; a missing executable becomes a ToolchainError."""
+    try:
+        return subprocess.run(cmd, capture_output=True, **kwargs)
+    except FileNotFoundError as e:
+        missing = missing_tools()
+        hint = f" (missing tools: {', '.join(missing)})" if missing else ""
+        raise ToolchainError(f"cannot execute {e.filename}{hint}", cmd) from None
 
 
 def _text(b: bytes | str | None) -> str:

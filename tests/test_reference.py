@@ -164,10 +164,13 @@ def test_round_trip_error_at_most_half_a_step(W, bits, block_size, symmetric):
     err = np.abs(dequantize(qw).astype(np.float64) - W)
     # fp32 slack: 1/scale, v*rs and +zp each round (code error <= ~(kmax+1)*2u), dequant rounds once
     eps = np.abs(s) * 4 * (kmax + 1) * U + 2 * U * np.abs(W)
+    # grid range [lo, hi]; anything within half a step of it rounds (or clips) to within half a step
     lo, hi = np.minimum(-z * s, (kmax - z) * s), np.maximum(-z * s, (kmax - z) * s)
-    inside = (W >= lo - eps) & (W <= hi + eps)
-    assert np.all(err[inside] <= np.abs(s[inside]) / 2 + eps[inside])
-    # only the symmetric quantizer clips (the 2^(bits-1)-th negative step), by at most one step
+    half = np.abs(s) / 2
+    inside = (W >= lo - half - eps) & (W <= hi + half + eps)
+    assert np.all(err[inside] <= half[inside] + eps[inside])
+    # only the symmetric quantizer clips further (its extreme maps to -2^(bits-1) steps, the other
+    # side only has 2^(bits-1)-1), and by at most one step
     assert symmetric or inside.all()
     assert np.all(err <= np.abs(s) + eps)
 
@@ -268,12 +271,13 @@ def test_exact_test_data_is_exact(M, N, K, block_size, bits, symmetric):
     Y0 = matmul_nbits(A, qw, bias)
     Y8, acc = matmul_nbits_int8(A, qw, bias)
     assert np.array_equal(Y0, Y8)
-    W = dequantize(qw)  # (q - zp) * 2^e: exact
-    assert np.array_equal(W.astype(np.float64), Y0.__class__(W))
+    q, zp = unpack_codes(qw)
+    W = dequantize(qw)  # (q - zp) * ±2^e: exact
+    s_k = np.repeat(qw.scales.T, block_size, axis=0)[:K].astype(np.float64)
+    assert np.array_equal(W.astype(np.float64), (q - np.repeat(zp, block_size, axis=0)[:K]) * s_k)
     for y in _fp32_dot_orders(A, W):  # fp32 evaluation, two summation orders
         assert np.array_equal((y + bias).astype(F32).astype(np.float64), Y0)
     # the CompInt8 formula in fp32, block by block, and a BlkSum split (Σ qa*q) + (-zp * Σ qa)
-    q, zp = unpack_codes(qw)
     kb, Kp = qw.k_blocks, qw.k_blocks * block_size
     qpad = np.zeros((Kp, N), np.int64)
     qpad[:K] = q
