@@ -72,6 +72,9 @@ def quantize_weights(W: np.ndarray, bits: int, block_size: int, symmetric: bool)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if symmetric:
             m = np.where(np.abs(mx) > np.abs(mn), mx, mn)  # signed extreme; tie -> min
+            # All-zero block: C++'s strict `<`/`>` scan keeps the *first* element's signed zero
+            # (fmin/fmax may not), and the sign of the zero scale is part of bit-exactness.
+            m = np.where(m == 0, blk[:, 0, :], m)
             scale = (-m / F32(kmid)).astype(F32)  # negative when the extreme is positive
             zp = np.full(scale.shape, kmid, np.int32)
         else:

@@ -1,0 +1,108 @@
+"""The `imegen check` job: for every kernel, compiler and VLEN it accepts, run an edge-shape
+matrix plus exactly-representable data through the compiled kernel and compare to NumPy."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import reference as ref
+from .plan import KernelPlan
+from .verify import Case, build, compare, compilers_for, run_cases
+
+
+@dataclass(frozen=True)
+class Row:
+    kernel: str
+    target: str
+    compiler: str
+    vlen: str
+    cases: int
+    max_abs: float
+    max_rel: float
+    vmadots: int
+    ok: bool
+    message: str
+
+
+def vlens_for(plan: KernelPlan) -> list[int | None]:
+    """VLENs to run at: IME only at 256; RVV at every VLEN from its minimum up to 512."""
+    s = plan.spec
+    if s.target == "ime":
+        return [256]
+    if s.target == "rvv":
+        return [v for v in (128, 256, 512) if v >= s.vlen]
+    return [256]  # scalar under QEMU: VLEN is irrelevant
+
+
+def edge_shapes(plan: KernelPlan) -> list[tuple[int, int, int]]:
+    """(M, N, K) around the tile, panel and block edges (XNNPACK-style), plus degenerate ones."""
+    s = plan.spec
+    tm, tn, blk = s.tile_m, s.tile_n, s.block
+    ms = sorted({1, max(1, tm - 1), tm, tm + 1, 2 * tm + 1}) if s.op == "gemm" else [1, 2]
+    ns = sorted({1, max(1, tn - 1), tn, tn + 1, s.panel + tn + 1})
+    ks = [blk, 2 * blk + 3, blk // 2 + 1]  # whole blocks, a padded last block, K < block
+    shapes = [(m, tn + 1, 2 * blk + 3) for m in ms]
+    shapes += [(ms[-1], n, blk) for n in ns]
+    shapes += [(tm + 1, 2 * tn + 3, k) for k in ks]
+    return list(dict.fromkeys(shapes))
+
+
+def make_cases(plan: KernelPlan, rng: np.random.Generator, shapes, *, exact: bool) -> list[Case]:
+    s = plan.spec
+    sym = s.zero_point == "symmetric"
+    cases = []
+    for i, (M, N, K) in enumerate(shapes):
+        if exact:
+            A, qw = ref.exact_test_data(rng, M, N, K, s.bits, s.block, sym)
+            bias = rng.integers(-100, 101, N).astype(np.float32) if s.bias else None
+        else:
+            A = rng.standard_normal((M, K)).astype(np.float32)
+            qw = ref.quantize_weights(rng.standard_normal((K, N)).astype(np.float32), s.bits, s.block, sym)
+            bias = rng.uniform(1, 5, N).astype(np.float32) if s.bias else None  # ORT's bias range
+        cases.append(Case(A, qw, bias, lda_pad=i % 3, ldc_pad=(i + 1) % 3))
+    return cases
+
+
+def check_kernel(plan: KernelPlan, spec_file: str, *, seed: int = 0, log=None) -> list[Row]:
+    rng = np.random.default_rng(seed)
+    shapes = edge_shapes(plan)
+    random_cases = make_cases(plan, rng, shapes, exact=False)
+    exact_cases = make_cases(plan, rng, shapes, exact=True)
+    rows = []
+    for compiler in compilers_for(plan):
+        b = build(plan, spec_file, compiler=compiler)
+        for vlen in vlens_for(plan):
+            if log:
+                log(f"  {plan.name}: {compiler}, vlen {vlen}: {len(shapes)} shapes x (random + exact) data")
+            results = run_cases(b, random_cases + exact_cases, vlen=vlen)
+            cmp = [compare(plan, c, r) for c, r in zip(random_cases, results)]
+            cmp += [compare(plan, c, r, exact=True) for c, r in zip(exact_cases, results[len(random_cases):])]
+            bad = [(c, x) for c, x in zip(random_cases + exact_cases, cmp) if not x.ok]
+            message = "ok" if not bad else f"{len(bad)} failed; first M,N,K={bad[0][0].shape}: {bad[0][1].message}"
+            rows.append(Row(plan.name, plan.spec.target, compiler, str(vlen), len(cmp),
+                            max(x.max_abs for x in cmp), max(x.max_rel for x in cmp),
+                            sum(r.vmadots for r in results), not bad, message))
+    if plan.spec.target == "scalar":  # also natively, as the portable reference build
+        b = build(plan, spec_file, compiler="cc", host=True)
+        results = run_cases(b, random_cases + exact_cases, vlen=None)
+        cmp = [compare(plan, c, r, exact=i >= len(random_cases)) for i, (c, r) in enumerate(zip(random_cases + exact_cases, results))]
+        bad = [x for x in cmp if not x.ok]
+        rows.append(Row(plan.name, "scalar", "host cc", "-", len(cmp), max(x.max_abs for x in cmp),
+                        max(x.max_rel for x in cmp), 0, not bad, "ok" if not bad else bad[0].message))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    head = ("kernel", "target", "compiler", "vlen", "cases", "max abs err", "max rel err", "vmadot", "result")
+    body = [(r.kernel, r.target, r.compiler, r.vlen, str(r.cases), f"{r.max_abs:.2e}", f"{r.max_rel:.2e}",
+             str(r.vmadots), "PASS" if r.ok else f"FAIL: {r.message}") for r in rows]
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, body)])
+
+
+def stderr_log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

@@ -1,0 +1,117 @@
+"""imegen command line: generate, check, list, explain."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+from .check import check_kernel, format_table, stderr_log
+from .errors import SpecError
+from .ir import load_specs
+from .plan import KernelPlan, plan_kernel
+from .render import render_kernel, write_if_changed
+from .toolchain import ToolchainError, missing_tools
+
+
+def _plans(spec: str, only: list[str] | None = None) -> list[KernelPlan]:
+    plans = [plan_kernel(s) for s in load_specs(spec)]
+    if only:
+        unknown = sorted(set(only) - {p.name for p in plans})
+        if unknown:
+            raise SpecError(None, f"{spec} defines no kernel named {', '.join(unknown)}; it has {', '.join(p.name for p in plans)}")
+        plans = [p for p in plans if p.name in only]
+    return plans
+
+
+def cmd_generate(args) -> int:
+    out = Path(args.output)
+    for plan in _plans(args.spec, args.kernel):
+        for name, text in render_kernel(plan, args.spec).items():
+            changed = write_if_changed(out / name, text)
+            print(f"{'wrote' if changed else 'unchanged'} {out / name}")
+    return 0
+
+
+def cmd_check(args) -> int:
+    missing = missing_tools()
+    if missing:
+        print(f"error: missing tools: {', '.join(missing)} (see README: install the toolchain first)", file=sys.stderr)
+        return 2
+    plans = _plans(args.spec, args.kernel)
+    rows = []
+    for i, plan in enumerate(plans, 1):
+        stderr_log(f"[{i}/{len(plans)}] {plan.name}: {plan.spec.describe()}")
+        rows += check_kernel(plan, args.spec, seed=args.seed, log=stderr_log)
+    print(format_table(rows))
+    failed = [r for r in rows if not r.ok]
+    print(f"\n{len(rows) - len(failed)} of {len(rows)} builds passed ({sum(r.cases for r in rows)} cases, "
+          f"{sum(r.vmadots for r in rows)} vmadot instructions emulated)")
+    return 1 if failed else 0
+
+
+def cmd_list(args) -> int:
+    for plan in _plans(args.spec):
+        print(f"{plan.name}: {plan.spec.describe()}")
+    return 0
+
+
+def explain(plan: KernelPlan) -> str:
+    s, L = plan.spec, plan.pack
+    lines = [f"kernel {plan.name}", f"  config      {s.describe()}",
+             f"  tile        {s.tile_m}x{s.tile_n} outputs per micro-kernel call; loops: N tiles outer, M tiles inner",
+             f"  packed B    panels of {L.panel} columns; per (panel, block): {L.data_bytes} data B, "
+             f"{L.scale_bytes} scale B, {L.zp_bytes} zero-point B, scales {s.scales}",
+             f"              element (c, kk) -> byte {L.byte}, shift {L.shift}",
+             f"  A workspace {'int8, per-block scale and sum' if s.compute == 'int8' else 'fp32 copy'}; A[m][k] at {plan.a_index}"]
+    if plan.budget:
+        lines.append("  registers   " + ", ".join(f"{k} {v}" for k, v in plan.budget.items())
+                     + f" = {sum(plan.budget.values())} of 32")
+    if plan.rvv:
+        lines.append(f"  rvv types   accumulators {plan.rvv.f32} (LMUL {plan.rvv.lmul}), B codes {plan.rvv.u8}; needs VLEN >= {s.vlen}")
+    if plan.ime:
+        I = plan.ime
+        regs = ", ".join(f"v{vd}-v{vd + 1}" for row in I.acc_regs for vd in row)
+        mix = Counter(op.kind for op in I.body)
+        lines += [f"  ime         {I.ma}x{I.na} vmadot tiles; int32 accumulator pairs {regs}",
+                  f"              {I.iterations_per_block} iterations per block; per iteration: "
+                  + ", ".join(f"{n} {k}" for k, n in sorted(mix.items())),
+                  "  inner loop:"]
+        lines += [f"    {op.text:<28} {('# ' + op.comment) if op.comment else ''}".rstrip() for op in I.body]
+    return "\n".join(lines)
+
+
+def cmd_explain(args) -> int:
+    print("\n\n".join(explain(p) for p in _plans(args.spec, args.kernel)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="imegen", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="write each kernel's .c and .h")
+    g.add_argument("spec")
+    g.add_argument("-o", "--output", default="generated")
+    c = sub.add_parser("check", help="generate, compile, run under QEMU, compare to NumPy")
+    c.add_argument("spec")
+    c.add_argument("--seed", type=int, default=0)
+    sub.add_parser("list", help="one line per kernel").add_argument("spec")
+    e = sub.add_parser("explain", help="show the lowered plan: layouts, registers, instruction mix")
+    e.add_argument("spec")
+    for p in (g, c, e):
+        p.add_argument("-k", "--kernel", action="append", help="only this kernel (repeatable)")
+    args = parser.parse_args(argv)
+    handler = {"generate": cmd_generate, "check": cmd_check, "list": cmd_list, "explain": cmd_explain}[args.command]
+    try:
+        return handler(args)
+    except SpecError as e:
+        print(e, file=sys.stderr)
+        return 2
+    except (ToolchainError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
