@@ -57,7 +57,8 @@ def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
 
 def quantize_weights(W: np.ndarray, bits: int, block_size: int, symmetric: bool) -> QuantizedWeights:
     """Bit-exact port of MlasQuantizeBlockwise<float, bits>(columnwise) as used by
-    onnxruntime.quantization.matmul_nbits_quantizer (range2scale / range2scalezp in q4_dq.cpp)."""
+    onnxruntime.quantization.matmul_nbits_quantizer (range2scale / range2scalezp in q4_dq.cpp).
+    MLAS itself only handles block sizes 16..256; larger powers of two get the same rule here."""
     assert bits in (2, 4, 8) and block_size >= 16 and block_size & (block_size - 1) == 0
     W = np.asarray(W, F32)
     K, N = W.shape

@@ -308,3 +308,11 @@ def test_exact_test_data_padding_is_garbage_but_ignored():
 def test_exact_test_data_rejects_infeasible_k():
     with pytest.raises(ValueError):
         exact_test_data(np.random.default_rng(0), 1, 1, 2048 * 16, 8, 16, False)
+
+
+def test_symmetric_all_zero_block_keeps_first_zero_sign():
+    # MLAS scans with strict < / >, so an all-zero block's extreme is its *first* element's zero
+    # and the scale is -(that zero)/8: W = [-0, +0] gives scale +0, W = [+0, -0] gives -0.
+    W = np.array([[-0.0, 0.0], [0.0, -0.0]], F32)
+    s = quantize_weights(W, 4, 16, True).scales[:, 0]
+    assert np.signbit(s).tolist() == [False, True]
