@@ -126,3 +126,14 @@ def test_a_wrong_layout_is_caught(target):
     [bad] = run_cases(build(wrong), [case])
     assert compare(plan, case, good, exact=True).ok
     assert not compare(plan, case, bad).ok
+
+
+def test_regression_ime_loop_count_equal_to_b_stride():
+    """Found by Hypothesis: with n == bstride == 32 the compiler gave both asm operands one
+    register (outputs were not early-clobber), so the loop pointer stepped by the counter."""
+    spec = specs_from_text("kernel r { target = ime  compute = int8  bits = 8  block = 256  tile = 4x4  panel = 4  k_unroll = 1 }")[0]
+    plan = plan_kernel(spec)
+    cases = make_cases(plan, np.random.default_rng(3), [(1, 1, 17), (5, 7, 256)], exact=True)
+    for compiler in ("clang", "gcc"):
+        for case, result in zip(cases, run_cases(build(plan, compiler=compiler), cases)):
+            assert compare(plan, case, result, exact=True).ok
