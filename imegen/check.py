@@ -28,12 +28,13 @@ class Row:
 
 
 def vlens_for(plan: KernelPlan) -> list[int | None]:
-    """VLENs to run at: IME only at 256; RVV at every VLEN from its minimum up to 512."""
+    """VLENs to run at: IME only at 256; RVV at every VLEN from its minimum up to 512 (or at its
+    minimum, if that is above 512: never at none, which would pass without running)."""
     s = plan.spec
     if s.target == "ime":
         return [256]
     if s.target == "rvv":
-        return [v for v in (128, 256, 512) if v >= s.vlen]
+        return [v for v in (128, 256, 512) if v >= s.vlen] or [s.vlen]
     return [256]  # scalar under QEMU: VLEN is irrelevant
 
 

@@ -169,8 +169,7 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
             refuse("k_unroll", f"block {spec.block} is not a multiple of the K step 8*k_unroll = {8 * spec.k_unroll}")
     else:  # rvv
         spec = replace(spec, vlen=spec.vlen or 128)
-        bits_needed = spec.tile_n * (32 if spec.compute == "fp32" else 64)  # int8 path: int32 acc = 2x int16 B
-        if bits_needed > 8 * spec.vlen:
+        if spec.tile_n * 32 > 8 * spec.vlen:  # fp32 or int32 accumulators: TN x 32 bits per row
             refuse("tile", f"tile width {spec.tile_n} needs LMUL > 8 at VLEN={spec.vlen}")
     if spec.target != "ime" and spec.block % (2 * spec.k_unroll):
         refuse("k_unroll", f"block {spec.block} is not a multiple of the K step 2*k_unroll = {2 * spec.k_unroll}")
@@ -183,7 +182,7 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
     return spec
 
 
-def specs_from_blocks(blocks: list[Block]) -> list[KernelSpec]:
+def specs_from_blocks(blocks: list[Block], filename: str | None = None) -> list[KernelSpec]:
     defaults: dict[str, Setting] = {}
     specs: list[KernelSpec] = []
     names: dict[str, Span] = {}
@@ -198,13 +197,14 @@ def specs_from_blocks(blocks: list[Block]) -> list[KernelSpec]:
         _collect(block.settings, own)
         specs.append(build_spec(block.name, {**defaults, **own}, block.span))
     if not specs:
-        raise SpecError(blocks[0].span if blocks else None, "the spec defines no kernel")
+        where = blocks[0].span if blocks else (Span(filename, 1, 1) if filename else None)
+        raise SpecError(where, "the spec defines no kernel")
     return specs
 
 
 def load_specs(path: str | Path) -> list[KernelSpec]:
-    return specs_from_blocks(parse_file(path))
+    return specs_from_blocks(parse_file(path), str(path))
 
 
 def specs_from_text(text: str, filename: str = "<spec>") -> list[KernelSpec]:
-    return specs_from_blocks(parse_text(text, filename))
+    return specs_from_blocks(parse_text(text, filename), filename)

@@ -1,0 +1,225 @@
+"""The DSL front end: syntax errors, setting validation and hardware refusals.
+
+Every error must carry the exact file:line:col of the offending text and say why, in words a
+user can act on; these tests pin both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from imegen.errors import SpecError
+from imegen.ir import KernelSpec, load_specs, register_budget, specs_from_text
+
+FILE = "t.imegen"
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "qwen_mlp.imegen"
+
+
+def error(text: str) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        specs_from_text(text, FILE)
+    return info.value
+
+
+def assert_error(text: str, where: str, *words: str) -> SpecError:
+    """`where` is "line:col"; every word must appear in the message."""
+    e = error(text)
+    assert str(e.span) == f"{FILE}:{where}", str(e)
+    assert str(e) == f"{FILE}:{where}: error: {e.message}"
+    for w in words:
+        assert w in e.message, f"{w!r} not in {e.message!r}"
+    return e
+
+
+def kernel(*settings: str, name: str = "k") -> str:
+    """A kernel block, one setting per line starting at line 2, column 3."""
+    return f"kernel {name} {{\n" + "".join(f"  {s}\n" for s in settings) + "}\n"
+
+
+IME = ("target = ime", "compute = int8")
+
+
+# --- syntax ------------------------------------------------------------------------------
+
+def test_missing_value():
+    assert_error("kernel k {\n  bits = \n}\n", "3:1", "expected", "a name", "an integer", "a tile", "got '}'")
+
+
+def test_missing_value_before_semicolon():
+    assert_error("kernel k {\n  bits = ;\n}\n", "2:10", "expected", "an integer", "got ';'")
+
+
+def test_missing_closing_brace_at_eof():
+    # Reported at the last token, where the block was left open.
+    assert_error("kernel k {\n  bits = 4\n", "2:10", "expected", "'}'", "got end of file")
+
+
+def test_stray_character():
+    assert_error("kernel k {\n  bits = 4 @\n}\n", "2:12", "unexpected character '@'", "expected", "'}'")
+
+
+def test_misspelled_kernel_keyword():
+    assert_error("kernal k {\n  bits = 4\n}\n", "1:1", "expected", "'kernel'", "'defaults'", "got 'kernal'")
+
+
+def test_missing_kernel_name():
+    assert_error("\nkernel {\n  bits = 4\n}\n", "2:8", "expected a name", "got '{'")
+
+
+# --- settings ----------------------------------------------------------------------------
+
+def test_unknown_setting_lists_allowed_keys():
+    e = assert_error(kernel("bits = 4", "bitz = 4"), "3:3", "unknown setting 'bitz'", "expected one of")
+    for key in ("op", "bits", "block", "zero_point", "bias", "compute", "target", "vlen", "tile",
+                "k_unroll", "unpack", "panel", "scales"):
+        assert key in e.message
+
+
+def test_bad_choice_lists_allowed_values():
+    assert_error(kernel("bits = 5"), "2:10", "'bits' must be one of: 4, 8", "got 5")
+    assert_error(kernel("target = gpu"), "2:12", "'target' must be one of: ime, rvv, scalar", "'gpu'")
+    assert_error(kernel("block = 48"), "2:11", "16, 32, 64, 128, 256", "48")
+    assert_error(kernel("op = gemm", "zero_point = zero"), "3:16", "symmetric, asymmetric", "'zero'")
+
+
+def test_tile_with_zero():
+    assert_error(kernel("tile = 0x16"), "2:10", "tile dimensions must be positive", "0x16")
+    assert_error(kernel("op = gemm", "tile = 4x0"), "3:10", "tile dimensions must be positive", "4x0")
+
+
+def test_tile_needs_tile_syntax():
+    assert_error(kernel("tile = 16"), "2:10", "'tile' expects a tile MxN", "4x16")
+
+
+def test_setting_twice_in_a_block():
+    assert_error(kernel("bits = 4", "block = 32", "bits = 8"), "4:3", "'bits' is set twice in this block")
+
+
+def test_setting_twice_in_defaults():
+    assert_error("defaults {\n  bits = 4\n  bits = 8\n}\n" + kernel(), "3:3", "'bits' is set twice")
+
+
+def test_duplicate_kernel_names_first_definition():
+    text = kernel("bits = 8", name="a") + "\n" + kernel(name="b") + "\n  " + kernel("bits = 4", name="a")
+    assert_error(text, "8:3", "kernel 'a' is already defined at t.imegen:1:1")
+
+
+def test_empty_spec():
+    assert_error("", "1:1", "defines no kernel")
+    assert_error("# only a comment\n\n", "1:1", "defines no kernel")
+
+
+def test_defaults_only_spec():
+    assert_error("\n\ndefaults {\n  bits = 8\n}\n", "3:1", "defines no kernel")
+
+
+# --- hardware refusals -------------------------------------------------------------------
+
+def test_ime_needs_int8_compute():
+    assert_error(kernel("target = ime", "compute = fp32"), "3:3", "vmadot", "int8", "compute = int8")
+
+
+def test_ime_only_at_vlen_256():
+    assert_error(kernel(*IME, "vlen = 128"), "4:3", "VLEN=256", "not 128")
+
+
+def test_ime_tile_height():
+    assert_error(kernel(*IME, "op = gemm", "tile = 3x16"), "5:3", "tile height 3", "multiple of vmadot's 4 rows")
+
+
+def test_ime_tile_width():
+    assert_error(kernel(*IME, "op = gemm", "tile = 4x6", "panel = 12"), "5:3",
+                 "tile width 6", "multiple of vmadot's 4 output columns")
+
+
+def test_ime_4bit_needs_even_k_unroll():
+    assert_error(kernel(*IME, "bits = 4", "k_unroll = 1"), "5:3", "4-bit IME needs an even k_unroll")
+    assert_error(kernel(*IME, "bits = 4", "k_unroll = 1", "block = 64"), "5:3", "even k_unroll")
+
+
+def test_block_multiple_of_k_step():
+    assert_error(kernel(*IME, "bits = 8", "block = 16", "k_unroll = 4"), "6:3",
+                 "block 16 is not a multiple of the K step 8*k_unroll = 32")
+    assert_error(kernel(*IME, "bits = 4", "block = 32", "k_unroll = 8"), "6:3", "8*k_unroll = 64")
+
+
+def test_register_budget_over_32():
+    e = assert_error(kernel(*IME, "op = gemm", "tile = 8x16", "k_unroll = 4"), "5:3",
+                     "tile 8x16 with k_unroll 4", "needs 40 vector registers",
+                     "(int32 accumulators 16, A tiles 8, B tiles 16)")
+    assert e.message.endswith("> 32")
+    spec = KernelSpec("k", target="ime", compute="int8", op="gemm", tile_m=8, tile_n=16, k_unroll=4, vlen=256)
+    assert sum(register_budget(spec).values()) == 40
+
+
+def test_register_budget_over_32_rvv():
+    assert_error(kernel("target = rvv", "compute = fp32", "op = gemm", "tile = 6x16"), "5:3",
+                 "tile 6x16 with k_unroll 2 needs 37 vector registers",
+                 "(fp32 accumulators 24, B codes 1, dequantized B 4, scales 4, zero points 4) > 32")
+
+
+def test_rvv_tile_needing_lmul_over_8():
+    assert_error(kernel("target = rvv", "compute = fp32", "vlen = 128", "tile = 1x64", "panel = 64"), "5:3",
+                 "tile width 64 needs LMUL > 8 at VLEN=128")
+    # Without vlen, rvv assumes the minimum of 128; the position is still the tile.
+    assert_error(kernel("target = rvv", "tile = 1x128", "panel = 128"), "3:3", "LMUL > 8 at VLEN=128")
+
+
+def test_gemv_tile_must_be_one_row():
+    assert_error(kernel("op = gemv", "tile = 4x16"), "3:3", "gemv", "1xN", "not 4x16")
+
+
+def test_panel_multiple_of_tile_width():
+    assert_error(kernel("tile = 1x16", "panel = 24"), "3:3", "panel width 24", "multiple of the tile width 16")
+
+
+def test_scalar_has_no_vlen():
+    assert_error(kernel("target = scalar", "vlen = 256"), "3:3", "target scalar uses no vector registers", "vlen")
+
+
+def test_refusal_without_the_key_points_at_the_kernel():
+    # ime + default compute (fp32): no 'compute' setting anywhere -> the kernel's own position.
+    assert_error("\n  kernel k {\n  target = ime\n}\n", "2:3", "compute = int8")
+
+
+# --- defaults ----------------------------------------------------------------------------
+
+DEFAULTS = "defaults {\n  bits = 8\n  block = 64\n  compute = fp32\n}\n"
+
+
+def test_defaults_apply_and_kernels_override():
+    a, b = specs_from_text(DEFAULTS + kernel("block = 128", name="a") + kernel("bits = 4", "compute = int8", name="b"), FILE)
+    assert (a.bits, a.block, a.compute) == (8, 128, "fp32")  # block overridden, rest defaulted
+    assert (b.bits, b.block, b.compute) == (4, 64, "int8")
+    assert a.source is not None and str(a.source) == f"{FILE}:6:1"
+
+
+def test_kernel_override_lifts_a_default_refusal():
+    (k,) = specs_from_text(DEFAULTS + kernel(*IME), FILE)
+    assert (k.target, k.compute, k.vlen) == ("ime", "int8", 256)
+
+
+def test_refused_default_points_at_defaults_setting():
+    # compute = fp32 comes from the defaults block (line 4), not from the kernel.
+    assert_error(DEFAULTS + kernel("target = ime"), "4:3", "kernel 'k'", "compute = int8")
+    text = "defaults {\n  k_unroll = 8\n}\n" + kernel(*IME, "bits = 8", "block = 32")
+    assert_error(text, "2:3", "block 32 is not a multiple of the K step 8*k_unroll = 64")
+
+
+def test_defaults_values_are_checked_too():
+    assert_error("defaults {\n  bits = 3\n}\n" + kernel(), "2:10", "'bits' must be one of: 4, 8")
+
+
+# --- the example -------------------------------------------------------------------------
+
+def test_example_validates():
+    specs = load_specs(EXAMPLE)
+    names = [s.name for s in specs]
+    assert names == ["q4_prefill_ime", "q4_decode_ime", "q4_prefill_rvv", "q4_decode_scalar"]
+    assert all(s.bits == 4 and s.zero_point == "asymmetric" for s in specs)  # from defaults
+    assert {s.target for s in specs} == {"ime", "rvv", "scalar"}
+    for s in specs:
+        assert s.source is not None and s.source.file == str(EXAMPLE)
+        assert sum(register_budget(s).values()) <= 32
