@@ -110,7 +110,10 @@ def register_budget(spec: KernelSpec) -> dict[str, int]:
     """Vector registers the kernel's inner loop keeps live, by class (0 for scalar)."""
     if spec.target == "ime":
         ma, na = max(1, spec.tile_m // 4), spec.tile_n // 4
-        a_regs = 2 * -(-spec.k_unroll // 4) if spec.tile_m == 1 else ma * spec.k_unroll
+        if spec.tile_m == 1:  # gemv: an even pair per 4 k-steps (slides read vs1+1), one if no slide runs
+            a_regs = 1 if spec.k_unroll == 1 else 2 * -(-spec.k_unroll // 4)
+        else:
+            a_regs = ma * spec.k_unroll
         return {"int32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": na * spec.k_unroll}
     if spec.target == "rvv":
         if spec.compute == "fp32":

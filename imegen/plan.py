@@ -162,7 +162,7 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
 
     acc = tuple(tuple(take(2) for _ in range(na)) for _ in range(ma))
     if gemv:  # one A register (plus its odd partner, read by slides) feeds 4 k-steps
-        a_reg = [take(2) for _ in range(-(-ku // 4))]
+        a_reg = [take(1 if ku == 1 else 2) for _ in range(-(-ku // 4))]
     else:
         a_reg = [[take(1) for _ in range(ma)] for _ in range(ku)]
     b_groups = ku // 2 if spec.bits == 4 else ku

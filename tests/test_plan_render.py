@@ -227,11 +227,6 @@ def test_growing_the_tile_never_lowers_the_register_budget(pair):
     assert sum(register_budget(big).values()) >= sum(register_budget(small).values())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known: an IME 1xN tile keeps its A row in an even register pair (for the vmadot1..3 slide "
-    "forms) even at k_unroll=1, where only vmadot (no slide) runs; the 4xN tile needs one A "
-    "register, so 1x4 -> 4x4 at k_unroll=1 drops the budget from 5 to 4. No config is refused "
-    "because of it."))
 def test_ime_gemv_to_gemm_at_k_unroll_1_is_monotone():
     small = KernelSpec("k", target="ime", compute="int8", bits=8, k_unroll=1, vlen=256, tile_m=1, tile_n=4)
     big = KernelSpec("k", target="ime", compute="int8", bits=8, k_unroll=1, vlen=256, tile_m=4, tile_n=4)
