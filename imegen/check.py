@@ -67,6 +67,16 @@ def make_cases(plan: KernelPlan, rng: np.random.Generator, shapes, *, exact: boo
     return cases
 
 
+def _row(plan: KernelPlan, compiler: str, vlen: str, random_cases: list[Case], exact_cases: list[Case], results) -> Row:
+    """Compare one build's results: random data within bounds, exactly-representable data to the bit."""
+    cases = random_cases + exact_cases
+    cmp = [compare(plan, c, r, exact=i >= len(random_cases)) for i, (c, r) in enumerate(zip(cases, results))]
+    bad = [(c, x) for c, x in zip(cases, cmp) if not x.ok]
+    message = "ok" if not bad else f"{len(bad)} failed; first M,N,K={bad[0][0].shape}: {bad[0][1].message}"
+    return Row(plan.name, plan.spec.target, compiler, vlen, len(cmp), max(x.max_abs for x in cmp),
+               max(x.max_rel for x in cmp), sum(r.vmadots for r in results), not bad, message)
+
+
 def check_kernel(plan: KernelPlan, spec_file: str, *, seed: int = 0, log=None) -> list[Row]:
     rng = np.random.default_rng(seed)
     shapes = edge_shapes(plan)
@@ -79,20 +89,10 @@ def check_kernel(plan: KernelPlan, spec_file: str, *, seed: int = 0, log=None) -
             if log:
                 log(f"  {plan.name}: {compiler}, vlen {vlen}: {len(shapes)} shapes x (random + exact) data")
             results = run_cases(b, random_cases + exact_cases, vlen=vlen)
-            cmp = [compare(plan, c, r) for c, r in zip(random_cases, results)]
-            cmp += [compare(plan, c, r, exact=True) for c, r in zip(exact_cases, results[len(random_cases):])]
-            bad = [(c, x) for c, x in zip(random_cases + exact_cases, cmp) if not x.ok]
-            message = "ok" if not bad else f"{len(bad)} failed; first M,N,K={bad[0][0].shape}: {bad[0][1].message}"
-            rows.append(Row(plan.name, plan.spec.target, compiler, str(vlen), len(cmp),
-                            max(x.max_abs for x in cmp), max(x.max_rel for x in cmp),
-                            sum(r.vmadots for r in results), not bad, message))
+            rows.append(_row(plan, compiler, str(vlen), random_cases, exact_cases, results))
     if plan.spec.target == "scalar":  # also natively, as the portable reference build
-        b = build(plan, spec_file, compiler="cc", host=True)
-        results = run_cases(b, random_cases + exact_cases, vlen=None)
-        cmp = [compare(plan, c, r, exact=i >= len(random_cases)) for i, (c, r) in enumerate(zip(random_cases + exact_cases, results))]
-        bad = [x for x in cmp if not x.ok]
-        rows.append(Row(plan.name, "scalar", "host cc", "-", len(cmp), max(x.max_abs for x in cmp),
-                        max(x.max_rel for x in cmp), 0, not bad, "ok" if not bad else bad[0].message))
+        results = run_cases(build(plan, spec_file, host=True), random_cases + exact_cases, vlen=None)
+        rows.append(_row(plan, "host cc", "-", random_cases, exact_cases, results))
     return rows
 
 
