@@ -33,7 +33,8 @@ class KernelSpec:
     k_unroll: int = 2  # K steps per inner-loop iteration (ime: 8-k vmadot steps; else single k)
     unpack: str = "planar"  # int4 nibble order in packed B: planar (k, k+8) | interleaved (k, k+1)
     panel: int = 16  # packed-B column panel width
-    scales: str = "inline"  # scales/zero points: inline (ahead of each panel block) | separate
+    scales: str = "inline"  # scales/zero points: inline (ahead of each panel block) | separate | ort (raw ORT arrays)
+    abi: str = "imegen"  # imegen (NAME_matmul) | mlas (ORT MLAS QNBitGemm dispatch entry points)
     source: Span | None = field(default=None, compare=False)
 
     def describe(self) -> str:
@@ -43,7 +44,7 @@ class KernelSpec:
             f"op={self.op} bits={self.bits} block={self.block} zero_point={self.zero_point} "
             f"bias={'yes' if self.bias else 'no'} compute={self.compute} target={self.target}{vlen} "
             f"tile={self.tile_m}x{self.tile_n} k_unroll={self.k_unroll} unpack={self.unpack} "
-            f"panel={self.panel} scales={self.scales}"
+            f"panel={self.panel} scales={self.scales} abi={self.abi}"
         )
 
 
@@ -62,7 +63,10 @@ _CHOICES: dict[str, tuple[str, object]] = {
     "unpack": ("unpack", ("planar", "interleaved")),
     "panel": ("panel", int),
     "scales": ("scales", ("inline", "separate")),
+    "abi": ("abi", ("imegen", "mlas")),
 }
+
+MLAS_N_ALIGN = 16  # MLAS_QGEMM_STRIDEN_THREAD_ALIGN: MLAS hands kernels column ranges starting at multiples of 16
 
 
 def _fmt(values) -> str:
@@ -146,6 +150,19 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
     def refuse(key: str, message: str):
         _refuse(s, key, span, f"kernel '{name}': {message}")
 
+    if spec.abi == "mlas":
+        runtime = {"zero_point": "zero points from ORT at run time (packed uint8, or NULL when symmetric)",
+                   "bias": "the bias from ORT at run time (or NULL)", "scales": "ORT's raw scale array"}
+        for key, what in runtime.items():
+            if key in s:
+                refuse(key, f"abi mlas takes {what}; remove '{key}'")
+        if spec.bits != 4:
+            refuse("bits", "abi mlas generates MLAS's 4-bit (SQ4) entry points only; MLAS's 8-bit path is the BlkSum kernel family")
+        if MLAS_N_ALIGN % spec.panel:
+            refuse("panel", f"abi mlas: panel {spec.panel} must divide {MLAS_N_ALIGN}, because MLAS offsets packed B by "
+                   f"RangeStartN * ldb with RangeStartN a multiple of {MLAS_N_ALIGN}")
+        # Zero points and bias arrive (or not) at run time; the kernels handle both.
+        spec = replace(spec, zero_point="asymmetric", bias=False, scales="ort")
     if spec.op == "gemv" and spec.tile_m != 1:
         refuse("tile", f"a gemv kernel computes one row at a time, so its tile must be 1xN, not {spec.tile_m}x{spec.tile_n}")
     if spec.panel % spec.tile_n:

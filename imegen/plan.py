@@ -38,7 +38,7 @@ class PackLayout:
 
 @dataclass(frozen=True)
 class AsmOp:
-    kind: str  # vle8 | addi | add | vand | vsrl | vmadot
+    kind: str  # vle8 | vlse64 | vset | addi | add | vand | vsrl | vmadot
     text: str  # the assembly, registers resolved
     comment: str = ""
 
@@ -87,6 +87,11 @@ class KernelPlan:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def runtime_bias(self) -> bool:
+        """MLAS passes the bias (or NULL) at run time; imegen's ABI fixes it in the spec."""
+        return self.spec.abi == "mlas"
+
 
 def _lmul_name(num: int, den: int = 1) -> str:
     return f"m{num // den}" if num >= den else f"mf{den // num}"
@@ -103,8 +108,9 @@ def _rvv_types(spec: KernelSpec) -> RvvTypes:
 
 def _pack_layout(spec: KernelSpec) -> PackLayout:
     np_, blk = spec.panel, spec.block
-    scale_bytes = 4 * np_
-    zp_bytes = 0 if spec.zero_point == "symmetric" else -(-np_ // 4) * 4  # keep data 4-byte aligned
+    stored = spec.scales != "ort"  # abi mlas reads ORT's raw scale/zero-point arrays instead
+    scale_bytes = 4 * np_ if stored else 0
+    zp_bytes = -(-np_ // 4) * 4 if stored and spec.zero_point == "asymmetric" else 0  # keep data 4-byte aligned
     inline = spec.scales == "inline"
     if spec.target == "ime":
         # 32-byte vmadot B tiles: 4 columns x 8 bytes, column groups of a panel side by side.
@@ -182,6 +188,14 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     if gemv:
         for q, reg in enumerate(a_reg):
             load(reg, "%[a]", q * 32, f"A row, k-steps {4 * q}..{4 * q + 3}")
+    elif spec.abi == "mlas":  # A rows lie lda bytes apart (MLAS Q8 blocks): one strided 4 x 8-byte load per tile
+        ops.append(AsmOp("vset", "vsetivli zero, 4, e64, m1, ta, ma", "4 rows x 8 bytes"))
+        for s in range(ku):
+            for mi in range(ma):
+                ops.append(AsmOp("addi", f"addi t1, %[a], {s * 8}"))
+                ops += [AsmOp("add", "add t1, t1, %[lda4]")] * mi
+                ops.append(AsmOp("vlse64", f"vlse64.v v{a_reg[s][mi]}, (t1), %[lda]", f"A rows {4 * mi}..{4 * mi + 3}, k-step {s}"))
+        ops.append(AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma", "back to vmadot's e8, m1, vl=32"))
     else:
         for s in range(ku):
             for mi in range(ma):
@@ -202,7 +216,7 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
                 vd = acc[mi][ni]
                 word = encode_vmadot(vd, vs1, vs2, signedness=IME_SIGNEDNESS, slide=slide)
                 ops.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic(IME_SIGNEDNESS, slide)} v{vd}, v{vs1}, v{vs2}"))
-    a_step = ku * 8 if gemv else ku * ma * 32
+    a_step = ku * 8 if (gemv or spec.abi == "mlas") else ku * ma * 32
     ops.append(AsmOp("addi", f"addi %[a], %[a], {a_step}"))
     return ImePlan(
         ma=ma, na=na, acc_regs=acc, body=tuple(ops),
