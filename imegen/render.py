@@ -8,6 +8,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
+from . import mlas_abi
 from .plan import KernelPlan
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -57,3 +58,17 @@ def write_if_changed(path: Path, text: str) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return True
+
+
+def render_dispatch(d: mlas_abi.DispatchPlan, spec_file: str) -> dict[str, str]:
+    """The MLAS dispatch for a spec's abi=mlas kernels: C routing, its header, and ORT's C++ glue."""
+    ctx = dict(
+        d=d, spec_file=spec_file, entries=mlas_abi.ENTRIES, E={e.member: e for e in mlas_abi.ENTRIES},
+        fp32=mlas_abi.COMPUTE_FP32, int8=mlas_abi.COMPUTE_INT8, slack=mlas_abi.WORKSPACE_SLACK,
+        alignment=mlas_abi.WORKSPACE_ALIGNMENT, fp32_entries=mlas_abi.FP32_ENTRIES, int8_entries=mlas_abi.INT8_ENTRIES,
+    )
+    return {
+        f"{d.prefix}dispatch.h": _env().get_template("dispatch.h.j2").render(**ctx),
+        f"{d.prefix}dispatch.c": _env().get_template("dispatch.c.j2").render(**ctx),
+        f"{d.prefix}mlas_dispatch.cpp": _env().get_template("mlas_dispatch.cpp.j2").render(**ctx),
+    }

@@ -1,0 +1,169 @@
+/*
+ * A stand-in for MLAS's MlasQNBitGemmBatch (ORT's qnbitgemm.cpp), written from its documented
+ * contract, to run imegen's generated MLAS dispatch the way ORT would:
+ *   - PackQuantBDataSize == 0 means "not available" (ORT falls back to its own path);
+ *   - pack B once; packed B, scales and zero points are addressed per column (n * ldb, n * kb);
+ *   - N is split at multiples of 16 (thread ranges), then walked in chunks (128 for M1 and
+ *     CompInt8, 32 for the dequantize + SGEMM path);
+ *   - CompInt8: each row quantized into Q8 blocks, kernel called until all rows are handled.
+ * Input per case (little-endian): u64 M, N, K, BlkLen, compute, has_zp, has_bias; f32 A[M][K];
+ * u8 B[N][kb][BlkLen/2]; f32 scales[N][kb]; [u8 zp[N][(kb+1)/2]]; [f32 bias[N]].
+ * Output per case: i32 status (0 ok, 1 no kernel for this BlkLen/compute); u64 vmadot; f32 C[M][N].
+ */
+#include IMEGEN_DISPATCH_HEADER /* -DIMEGEN_DISPATCH_HEADER="\"<prefix>dispatch.h\"" */
+#ifdef IMEGEN_IME
+#include "ime_emu.h"
+#endif
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define D IMEGEN_DISPATCH
+
+static void die(const char *what)
+{
+    fprintf(stderr, "mlas_driver: %s\n", what);
+    exit(2);
+}
+
+static void *read_exact(FILE *f, size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p || fread(p, 1, bytes, f) != bytes)
+        die("short input");
+    return p;
+}
+
+static uint64_t read_u64(FILE *f)
+{
+    uint64_t v;
+    if (fread(&v, sizeof v, 1, f) != 1)
+        die("short input");
+    return v;
+}
+
+static unsigned long vmadots(void)
+{
+#ifdef IMEGEN_IME
+    return imegen_ime_emu_count();
+#else
+    return 0;
+#endif
+}
+
+/* Thread ranges: N split in two at a multiple of 16, as MLAS's partitioning would. */
+static size_t range_split(size_t N)
+{
+    return N > 16 ? (N / 2 + 15) / 16 * 16 : N;
+}
+
+static void fp32_m1(size_t BlkLen, size_t K, size_t kb, const float *A, const uint8_t *packed, const float *scales,
+                    const uint8_t *zp, const float *bias, float *C, size_t n0, size_t n1)
+{
+    const size_t ldb = kb * BlkLen / 2, zpb = (kb + 1) / 2;
+    for (size_t n = n0; n < n1; n += 128) {
+        const size_t cn = n1 - n < 128 ? n1 - n : 128;
+        D(SQ4BitGemmM1Kernel_CompFp32)(BlkLen, A, packed + n * ldb, scales + n * kb, zp ? zp + n * zpb : NULL, C + n, cn, K, kb,
+                                       bias ? bias + n : NULL);
+    }
+}
+
+static void fp32_sgemm(size_t BlkLen, size_t M, size_t K, size_t kb, const float *A, const uint8_t *packed,
+                       const float *scales, const uint8_t *zp, const float *bias, float *C, size_t ldc, size_t n0, size_t n1)
+{
+    const size_t ldb = kb * BlkLen / 2, zpb = (kb + 1) / 2;
+    float *buf = malloc(kb * BlkLen * 32 * sizeof(float));
+    for (size_t n = n0; n < n1; n += 32) {
+        const size_t cn = n1 - n < 32 ? n1 - n : 32;
+        D(SQ4BitBlkDequantBForSgemm_CompFp32)(BlkLen, buf, packed + n * ldb, scales + n * kb, zp ? zp + n * zpb : NULL, cn, K, kb);
+        for (size_t m = 0; m < M; m++)
+            for (size_t j = 0; j < cn; j++) { /* MlasSgemmCopyPackB order: 16-column panels of K rows */
+                double acc = 0;
+                for (size_t k = 0; k < K; k++)
+                    acc += (double)A[m * K + k] * buf[j / 16 * 16 * K + k * 16 + j % 16];
+                C[m * ldc + n + j] = (float)acc + (bias ? bias[n + j] : 0.0f);
+            }
+    }
+    free(buf);
+}
+
+static void int8_gemm(size_t BlkLen, size_t M, size_t K, size_t kb, const uint8_t *qa, size_t qlda, const uint8_t *packed,
+                      const float *scales, const uint8_t *zp, const float *bias, float *C, size_t ldc, size_t n0, size_t n1)
+{
+    const size_t ldb = kb * BlkLen / 2, zpb = (kb + 1) / 2;
+    for (size_t n = n0; n < n1; n += 128) {
+        const size_t cn = n1 - n < 128 ? n1 - n : 128;
+        for (size_t m = 0; m < M;) {
+            const size_t done = D(SQ4BitGemmKernel_CompInt8)(BlkLen, qa + m * qlda, packed + n * ldb, scales + n * kb,
+                                                             zp ? zp + n * zpb : NULL, C + m * ldc + n, M - m, cn, K, kb, ldc,
+                                                             bias ? bias + n : NULL);
+            if (done == 0 || done > M - m)
+                die("kernel handled an impossible number of rows");
+            m += done;
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3)
+        die("usage: mlas_driver INPUT OUTPUT");
+#ifdef IMEGEN_IME
+    imegen_ime_emu_install();
+#endif
+    if (!D(supported)())
+        die("dispatch not supported on this hart");
+    FILE *in = fopen(argv[1], "rb"), *out = fopen(argv[2], "wb");
+    if (!in || !out)
+        die("cannot open files");
+    const uint64_t ncases = read_u64(in);
+    for (uint64_t t = 0; t < ncases; t++) {
+        const size_t M = read_u64(in), N = read_u64(in), K = read_u64(in), BlkLen = read_u64(in);
+        const int compute = (int)read_u64(in), has_zp = (int)read_u64(in), has_bias = (int)read_u64(in);
+        const size_t kb = (K + BlkLen - 1) / BlkLen;
+        float *A = read_exact(in, M * K * sizeof(float));
+        uint8_t *B = read_exact(in, N * kb * BlkLen / 2);
+        float *scales = read_exact(in, N * kb * sizeof(float));
+        uint8_t *zp = has_zp ? read_exact(in, N * ((kb + 1) / 2)) : NULL;
+        float *bias = has_bias ? read_exact(in, N * sizeof(float)) : NULL;
+        float *C = calloc(M * N + 1, sizeof(float));
+        int32_t status = 0;
+        const unsigned long before = vmadots();
+        const size_t size = D(Q4BitGemmPackQuantBDataSize)(N, K, BlkLen, has_zp, compute);
+        if (size == 0) {
+            status = 1;
+        } else {
+            uint8_t *packed = malloc(size);
+            D(SQ4BitGemmPackQuantBData)(N, K, BlkLen, compute, B, packed, NULL);
+            D(SQ4BitGemmPackQuantBData)(N, K, BlkLen, compute, NULL, packed, NULL); /* ORT's scale-only call */
+            const size_t split = range_split(N);
+            const size_t ranges[2][2] = { { 0, split }, { split, N } };
+            if (compute == IMEGEN_COMPUTE_INT8) {
+                const size_t qlda = kb * (BlkLen + 4);
+                const size_t align = D(QNBitGemmPerGemmWorkspaceAlignment)(BlkLen, compute);
+                uint8_t *ws = aligned_alloc(align, (D(QNBitGemmPerGemmWorkspaceSize)(M, N, K, BlkLen, has_zp, compute, 4) + align - 1) / align * align);
+                for (size_t m = 0; m < M; m++)
+                    D(QuantizeARow_CompInt8)(BlkLen, A + m * K, K, ws + m * qlda);
+                for (int r = 0; r < 2; r++)
+                    int8_gemm(BlkLen, M, K, kb, ws, qlda, packed, scales, zp, bias, C, N, ranges[r][0], ranges[r][1]);
+                free(ws);
+            } else {
+                for (int r = 0; r < 2; r++) {
+                    if (M == 1)
+                        fp32_m1(BlkLen, K, kb, A, packed, scales, zp, bias, C, ranges[r][0], ranges[r][1]);
+                    else
+                        fp32_sgemm(BlkLen, M, K, kb, A, packed, scales, zp, bias, C, N, ranges[r][0], ranges[r][1]);
+                }
+            }
+            free(packed);
+        }
+        const uint64_t executed = vmadots() - before;
+        fwrite(&status, sizeof status, 1, out);
+        fwrite(&executed, sizeof executed, 1, out);
+        fwrite(C, sizeof(float), M * N, out);
+        free(A), free(B), free(scales), free(zp), free(bias), free(C);
+    }
+    fclose(in);
+    return fclose(out) == 0 ? 0 : 2;
+}
