@@ -98,7 +98,24 @@ size_t q4_prefill_ime_workspace_size(size_t M, size_t K)
     return q4_prefill_ime_qa_bytes(M, kb * BLK) + Mpad * kb * (sizeof(float) + sizeof(int32_t));
 }
 
-/* MLAS CompInt8 quantization per row and block: scale = max|a| / 127, q = round-half-away(a / scale). */
+/* MLAS CompInt8 quantization of one block of A: scale = max|a| / 127, q = round-half-away(a / scale). */
+static float q4_prefill_ime_quantize_block(const float *x, size_t n, int8_t *q)
+{
+    float amax = 0.0f;
+    for (size_t k = 0; k < n; k++)
+        amax = fmaxf(amax, fabsf(x[k]));
+    const float scale = amax / 127.0f;
+    const float rs = scale != 0.0f ? 1.0f / scale : 0.0f;
+#ifdef __clang__
+    /* Kept scalar: clang vectorizes the narrowing to vfncvt.rtz.x.f.w, which aborts QEMU 7.2. */
+#pragma clang loop vectorize(disable)
+#endif
+    for (size_t k = 0; k < n; k++)
+        q[k] = (int8_t)fminf(fmaxf(roundf(x[k] * rs), -128.0f), 127.0f);
+    return scale;
+}
+
+/* Quantize A per row and block into the kernel's A layout, with per-block scales and sums. */
 void q4_prefill_ime_prepare_a(size_t M, size_t K, const float *A, size_t lda, void *workspace)
 {
     const size_t kb = (K + BLK - 1) / BLK, Kpad = kb * BLK;
@@ -108,25 +125,15 @@ void q4_prefill_ime_prepare_a(size_t M, size_t K, const float *A, size_t lda, vo
     int32_t *asum = (int32_t *)(ascale + Mpad * kb);
     memset(workspace, 0, q4_prefill_ime_workspace_size(M, K)); /* padding rows: q = 0, scale 0 */
     for (size_t m = 0; m < M; m++) {
-        const float *row = A + m * lda;
         for (size_t blk = 0; blk < kb; blk++) {
-            const size_t k0 = blk * BLK, k1 = K < k0 + BLK ? K : k0 + BLK;
-            float amax = 0.0f;
-            for (size_t k = k0; k < k1; k++)
-                amax = fmaxf(amax, fabsf(row[k]));
-            const float scale = amax / 127.0f;
-            const float rs = scale != 0.0f ? 1.0f / scale : 0.0f;
+            const size_t k0 = blk * BLK, n = K - k0 < BLK ? K - k0 : BLK;
+            int8_t q[BLK];
+            ascale[m * kb + blk] = q4_prefill_ime_quantize_block(A + m * lda + k0, n, q);
             int32_t sum = 0;
-#ifdef __clang__
-            /* Kept scalar: clang vectorizes the narrowing to vfncvt.rtz.x.f.w, which aborts QEMU 7.2. */
-#pragma clang loop vectorize(disable)
-#endif
-            for (size_t k = k0; k < k1; k++) {
-                const float q = fminf(fmaxf(roundf(row[k] * rs), -128.0f), 127.0f);
-                qa[(((m / 4) * (Kpad / 8) + (k) / 8) * 1 + (m % 4) / 4) * 32 + (m % 4) * 8 + (k) % 8] = (int8_t)q;
-                sum += (int32_t)q;
+            for (size_t k = k0; k < k0 + n; k++) {
+                qa[(((m / 4) * (Kpad / 8) + (k) / 8) * 1 + (m % 4) / 4) * 32 + (m % 4) * 8 + (k) % 8] = q[k - k0];
+                sum += q[k - k0];
             }
-            ascale[m * kb + blk] = scale;
             asum[m * kb + blk] = sum;
         }
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from .check import check_kernel, format_table, stderr_log
 from .errors import SpecError
 from .ir import load_specs
 from .plan import KernelPlan, plan_kernel
-from .render import render_kernel, write_if_changed
+from .render import march_for, render_spec, write_if_changed
 from .toolchain import ToolchainError, missing_tools
 
 
@@ -27,10 +28,26 @@ def _plans(spec: str, only: list[str] | None = None) -> list[KernelPlan]:
 
 def cmd_generate(args) -> int:
     out = Path(args.output)
-    for plan in _plans(args.spec, args.kernel):
-        for name, text in render_kernel(plan, args.spec).items():
-            changed = write_if_changed(out / name, text)
-            print(f"{'wrote' if changed else 'unchanged'} {out / name}")
+    for name, text in render_spec(_plans(args.spec, args.kernel), args.spec).items():
+        changed = write_if_changed(out / name, text)
+        print(f"{'wrote' if changed else 'unchanged'} {out / name}")
+    return 0
+
+
+def cmd_outputs(args) -> int:
+    """File names `generate` writes, each with the -march its .c needs (for build systems)."""
+    plans = _plans(args.spec)
+    march = {f"{p.name}.c": march_for(p) for p in plans}
+    for name in render_spec(plans, args.spec):
+        print(f"{name}\t{march.get(name, 'rv64gc' if name.endswith('.c') else '')}".rstrip())
+    return 0
+
+
+def cmd_cmake_snippet(args) -> int:
+    module = Path(__file__).resolve().parent / "cmake" / "imegen.cmake"
+    print(f"""# imegen: generate MatMulNBits kernels at build time (see README, "ONNX Runtime integration")
+include("{module}")
+imegen_generate(onnxruntime_mlas SPEC "{Path(args.spec).resolve() if args.spec else '${{IMEGEN_SPEC}}'}")""")
     return 0
 
 
@@ -87,6 +104,36 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def cmd_ort_check(args) -> int:
+    """Conformance against onnxruntime: ORT's shapes, ORT's quantized bytes, ORT's tolerances."""
+    from . import ort_check as oc
+
+    if not oc.ort_available():
+        print("error: imegen ort-check needs onnxruntime and onnx (python3 -m pip install -e '.[test]')", file=sys.stderr)
+        return 2
+    missing = missing_tools()
+    if missing:
+        print(f"error: missing tools: {', '.join(missing)} (see README: install the toolchain first)", file=sys.stderr)
+        return 2
+    specs = [p.spec for p in _plans(args.spec, args.kernel)] if args.spec else oc.builtin_specs(args.full)
+    if args.kernel and not args.spec:
+        specs = [s for s in specs if s.name in args.kernel]
+    suite = oc.Suite(specs, oc.full_shapes() if args.full else oc.fast_shapes(), full=args.full)
+    t0 = time.perf_counter()
+    stderr_log(f"ort-check: {len(specs)} kernels, {len(suite.shapes)} ORT shapes "
+               f"({'full grid' if args.full else 'fast subset; --full for the whole grid'})")
+    rows = oc.run_suite(suite, jobs=args.jobs, log=stderr_log)
+    print(oc.format_table(rows))
+    print()
+    print(oc.summarize(rows))
+    print()
+    print(oc.footer(rows, suite))
+    failed = [r for r in rows if not r.verdict.ok]
+    print(f"\n{len(rows) - len(failed)} of {len(rows)} kernel x shape cases within ORT's tolerance "
+          f"({time.perf_counter() - t0:.1f} s)")
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="imegen", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,8 +148,16 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("spec")
     for p in (g, c, e):
         p.add_argument("-k", "--kernel", action="append", help="only this kernel (repeatable)")
+    sub.add_parser("outputs", help="list generated files and their -march (for build systems)").add_argument("spec")
+    sub.add_parser("cmake-snippet", help="print the CMake lines that hook imegen into a build").add_argument("spec", nargs="?")
+    o = sub.add_parser("ort-check", help="conformance against onnxruntime: ORT's shapes, quantizer and tolerances")
+    o.add_argument("spec", nargs="?", help="kernels to check (default: a built-in set covering every target)")
+    o.add_argument("--full", action="store_true", help="ORT's whole shape grid (default: the fast CI subset)")
+    o.add_argument("-j", "--jobs", type=int, default=None, help="parallel builds/QEMU runs (default: CPU count)")
+    o.add_argument("-k", "--kernel", action="append", help="only this kernel of SPEC (repeatable)")
     args = parser.parse_args(argv)
-    handler = {"generate": cmd_generate, "check": cmd_check, "list": cmd_list, "explain": cmd_explain}[args.command]
+    handler = {"generate": cmd_generate, "check": cmd_check, "list": cmd_list, "explain": cmd_explain,
+               "ort-check": cmd_ort_check, "outputs": cmd_outputs, "cmake-snippet": cmd_cmake_snippet}[args.command]
     try:
         return handler(args)
     except SpecError as e:

@@ -161,6 +161,9 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
         if MLAS_N_ALIGN % spec.panel:
             refuse("panel", f"abi mlas: panel {spec.panel} must divide {MLAS_N_ALIGN}, because MLAS offsets packed B by "
                    f"RangeStartN * ldb with RangeStartN a multiple of {MLAS_N_ALIGN}")
+        if spec.target == "ime" and spec.unpack == "interleaved":
+            refuse("unpack", "abi mlas with target ime needs unpack = planar: MLAS quantizes A in natural k order, "
+                   "and interleaved nibbles would need A's k order permuted to match the unpacked B tiles")
         # Zero points and bias arrive (or not) at run time; the kernels handle both.
         spec = replace(spec, zero_point="asymmetric", bias=False, scales="ort")
     if spec.op == "gemv" and spec.tile_m != 1:

@@ -72,3 +72,20 @@ def render_dispatch(d: mlas_abi.DispatchPlan, spec_file: str) -> dict[str, str]:
         f"{d.prefix}dispatch.c": _env().get_template("dispatch.c.j2").render(**ctx),
         f"{d.prefix}mlas_dispatch.cpp": _env().get_template("mlas_dispatch.cpp.j2").render(**ctx),
     }
+
+
+def march_for(plan: KernelPlan) -> str:
+    """-march a kernel's .c needs: IME kernels carry vmadot as .word, so plain RVV suffices."""
+    return "rv64gc" if plan.spec.target == "scalar" else "rv64gcv"
+
+
+def render_spec(plans: list[KernelPlan], spec_file: str) -> dict[str, str]:
+    """Every file `imegen generate` writes for a spec: each kernel's .c/.h, plus the MLAS dispatch
+    when the spec has abi=mlas kernels."""
+    files: dict[str, str] = {}
+    for plan in plans:
+        files.update(render_kernel(plan, spec_file))
+    dispatch = mlas_abi.plan_dispatch(plans, spec_file)
+    if dispatch:
+        files.update(render_dispatch(dispatch, spec_file))
+    return files

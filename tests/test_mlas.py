@@ -1,0 +1,141 @@
+"""MLAS ABI: generated kernels + dispatch driven the way ORT's MLAS driver drives them
+(tests/c/mlas_driver.c), against the NumPy reference; validation of dispatch groups; the ORT glue."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from imegen import mlas_check
+from imegen.errors import SpecError
+from imegen.ir import load_specs, specs_from_text
+from imegen.mlas_abi import COMPUTE_FP32, COMPUTE_INT8, plan_dispatch
+from imegen.plan import plan_kernel
+from imegen.render import render_spec
+
+# ORT's own shapes (matmul_4bits_test.cc / test_sqnbitgemm.cpp), trimmed for run time.
+SHAPES = [(1, 1, 16), (1, 2, 16), (1, 32, 16), (1, 288, 93), (2, 2, 16), (1, 33, 1234), (11, 40, 93), (43, 50, 131)]
+
+MIXED = """
+defaults { abi = mlas  bits = 4  unpack = interleaved  panel = 8 }
+kernel s16_m1   { block = 16  compute = fp32  op = gemv  target = scalar  tile = 1x8 }
+kernel s16_dq   { block = 16  compute = fp32  op = gemm  target = scalar  tile = 1x8 }
+kernel s16_i8   { block = 16  compute = int8  op = gemm  target = scalar  tile = 3x8 }
+kernel r64_i8   { block = 64  compute = int8  op = gemm  target = rvv     tile = 2x8  vlen = 128 }
+kernel i128_i8  { block = 128 compute = int8  op = gemm  target = ime     tile = 8x8  k_unroll = 4  unpack = planar }
+"""
+
+
+def _dispatch(text: str, name: str = "mixed.imegen"):
+    return plan_dispatch([plan_kernel(s) for s in specs_from_text(text, name)], name)
+
+
+def _cases(rng, blocks_computes, shapes=SHAPES):
+    cases = []
+    for i, (M, N, K) in enumerate(shapes):
+        for block, compute in blocks_computes:
+            exact = i % 2 == 1 and K <= 256
+            cases.append((mlas_check.random_case(rng, M, N, K, block, symmetric=i % 3 == 0, bias=i % 2 == 0,
+                                                 compute=compute, exact=exact), exact))
+    return cases
+
+
+def _run_and_check(d, spec_file, cases, compiler="clang"):
+    exe = mlas_check.build(d, spec_file, compiler=compiler)
+    results = mlas_check.run(exe, [c for c, _ in cases])
+    bad = [(c.case.shape, c.compute, r.message) for (c, exact), res in zip(cases, results)
+           if not (r := mlas_check.check(d, c, res, exact=exact)).ok]
+    assert not bad, bad[:5]
+
+
+def test_example_dispatch_matches_numpy_like_ort_drives_it():
+    spec = "examples/ort_mlas.imegen"
+    d = plan_dispatch([plan_kernel(s) for s in load_specs(spec)], spec)
+    cases = _cases(np.random.default_rng(0), [(32, COMPUTE_FP32), (32, COMPUTE_INT8)])
+    cases += _cases(np.random.default_rng(1), [(64, COMPUTE_INT8)], SHAPES[:2])  # no kernel: ORT falls back
+    _run_and_check(d, spec, cases)
+
+
+@pytest.mark.parametrize("compiler", ["clang"])
+def test_mixed_targets_and_block_sizes(compiler):
+    d = _dispatch(MIXED)
+    combos = [(16, COMPUTE_FP32), (16, COMPUTE_INT8), (64, COMPUTE_INT8), (128, COMPUTE_INT8), (32, COMPUTE_INT8)]
+    _run_and_check(d, "mixed.imegen", _cases(np.random.default_rng(2), combos, SHAPES[:6]), compiler)
+
+
+def test_gcc_builds_scalar_and_ime_dispatch():
+    d = _dispatch(MIXED.replace("kernel r64_i8", "# kernel r64_i8"))
+    _run_and_check(d, "mixed.imegen", _cases(np.random.default_rng(3), [(16, COMPUTE_INT8), (128, COMPUTE_INT8)], SHAPES[:4]),
+                   compiler="gcc")
+
+
+def test_a_broken_kernel_is_caught():
+    """The check can fail: a dispatch whose kernel unpacks the wrong nibble must not pass."""
+    import dataclasses
+
+    d = _dispatch(MIXED)
+    g = next(g for g in d.groups if g.block == 16 and g.compute == COMPUTE_INT8)
+    broken = dataclasses.replace(g.gemm, pack=dataclasses.replace(g.gemm.pack, shift="4 - (" + g.gemm.pack.shift + ")"))
+    groups = tuple(dataclasses.replace(x, gemm=broken, packer=broken) if x is g else x for x in d.groups)
+    kernels = tuple(broken if k is g.gemm else k for k in d.kernels)
+    d2 = dataclasses.replace(d, groups=groups, kernels=kernels)
+    [(case, exact)] = _cases(np.random.default_rng(4), [(16, COMPUTE_INT8)], [(3, 9, 48)])
+    [res] = mlas_check.run(mlas_check.build(d2, "mixed.imegen"), [case])
+    assert not mlas_check.check(d2, case, res).ok
+
+
+@pytest.mark.parametrize("text, message", [
+    ("kernel a { abi = mlas  compute = fp32  op = gemv  tile = 1x16 }", "needs both an fp32 gemv kernel"),
+    ("kernel a { abi = mlas  compute = int8 }\nkernel b { abi = mlas  compute = int8 }", "already has 'a' as gemm kernel"),
+    ("kernel a { abi = mlas  compute = int8  op = gemv  tile = 1x16 }\n"
+     "kernel b { abi = mlas  compute = int8  unpack = interleaved }", "packs B differently from 'a'"),
+])
+def test_dispatch_groups_are_validated(text, message):
+    with pytest.raises(SpecError, match=message):
+        _dispatch(text)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("kernel a { abi = mlas  bits = 8 }", "4-bit"),
+    ("kernel a { abi = mlas  bias = yes }", "bias from ORT at run time"),
+    ("kernel a { abi = mlas  zero_point = symmetric }", "zero points from ORT at run time"),
+    ("kernel a { abi = mlas  panel = 32  tile = 1x32 }", "must divide 16"),
+    ("kernel a { abi = mlas  compute = int8  target = ime  tile = 4x8  panel = 8  unpack = interleaved }", "needs unpack = planar"),
+])
+def test_mlas_settings_are_validated(text, message):
+    with pytest.raises(SpecError, match=message):
+        specs_from_text(text)
+
+
+# A stand-in for the parts of ORT's headers the glue uses (mlasi.h / qnbitgemm.h), to check that
+# the generated C++ declarations match MLAS's member types: a mismatch does not compile.
+ORT_STUB = """
+#pragma once
+#include <cstddef>
+#include <cstdint>
+struct MLAS_THREADPOOL;
+enum MLAS_QNBIT_GEMM_COMPUTE_TYPE { SQNBIT_CompFp32, HQNBIT_CompFp16, BHQNBIT_CompBf16, SQNBIT_CompInt8, HQNBIT_CompInt8 };
+struct MLAS_QNBIT_GEMM_DISPATCH {
+  size_t (*Q4BitGemmPackQuantBDataSize)(size_t, size_t, size_t, bool, MLAS_QNBIT_GEMM_COMPUTE_TYPE) = nullptr;
+  void (*SQ4BitGemmPackQuantBData)(size_t, size_t, size_t, MLAS_QNBIT_GEMM_COMPUTE_TYPE, const std::byte*, std::byte*, MLAS_THREADPOOL*) = nullptr;
+  size_t (*QNBitGemmPerGemmWorkspaceSize)(size_t, size_t, size_t, size_t, bool, MLAS_QNBIT_GEMM_COMPUTE_TYPE, size_t) = nullptr;
+  size_t (*QNBitGemmPerGemmWorkspaceAlignment)(size_t, MLAS_QNBIT_GEMM_COMPUTE_TYPE) = nullptr;
+  void (*SQ4BitGemmM1Kernel_CompFp32)(size_t, const float*, const std::byte*, const float*, const std::byte*, float*, size_t, size_t, size_t, const float*) = nullptr;
+  void (*SQ4BitBlkDequantBForSgemm_CompFp32)(size_t, float*, const std::byte*, const float*, const std::byte*, size_t, size_t, size_t) = nullptr;
+  void (*QuantizeARow_CompInt8)(size_t, const float*, size_t, std::byte*) = nullptr;
+  size_t (*SQ4BitGemmKernel_CompInt8)(size_t, const std::byte*, const std::byte*, const float*, const std::byte*, float*, size_t, size_t, size_t, size_t, size_t, const float*) = nullptr;
+};
+"""
+
+
+def test_ort_glue_compiles_against_mlas_types(tmp_path):
+    spec = "examples/ort_mlas.imegen"
+    files = render_spec([plan_kernel(s) for s in load_specs(spec)], spec)
+    (tmp_path / "qnbitgemm.h").write_text(ORT_STUB)
+    (tmp_path / "mlasi.h").write_text("#pragma once\n")
+    glue = tmp_path / "glue.cpp"
+    glue.write_text(files["ort_mlas_mlas_dispatch.cpp"])
+    subprocess.run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-c", str(glue), "-I", str(tmp_path),
+                    "-o", str(tmp_path / "glue.o")], check=True)
