@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import mlas_check
 from . import reference as ref
+from .mlas_abi import COMPUTE_FP32, DispatchPlan, Group
 from .plan import KernelPlan
 from .verify import Case, build, compare, compilers_for, run_cases
 
@@ -93,6 +95,39 @@ def check_kernel(plan: KernelPlan, spec_file: str, *, seed: int = 0, log=None) -
     if plan.spec.target == "scalar":  # also natively, as the portable reference build
         results = run_cases(build(plan, spec_file, host=True), random_cases + exact_cases, vlen=None)
         rows.append(_row(plan, "host cc", "-", random_cases, exact_cases, results))
+    return rows
+
+
+def _group_shapes(g: Group) -> list[tuple[int, int, int]]:
+    """Rows around the group's tiles; N across MLAS's 16-column thread split and 128-column chunks."""
+    tm = max(p.spec.tile_m for p in (g.m1, g.dequant, g.gemv, g.gemm) if p)
+    ms = [1] if g.compute == COMPUTE_FP32 and g.dequant is None else sorted({1, tm, tm + 1, 2 * tm + 1})
+    return [(m, n, k) for m in ms for n, k in [(1, g.block), (40, 2 * g.block + 3), (133, g.block // 2 + 1)]]
+
+
+def check_dispatch(d: DispatchPlan, spec_file: str, *, seed: int = 0, log=None) -> list[Row]:
+    """abi=mlas kernels are checked through their dispatch, driven the way MLAS drives it."""
+    rng = np.random.default_rng(seed)
+    targets = {p.spec.target for p in d.kernels}
+    vlens = [256] if "ime" in targets else [v for v in (128, 256, 512) if v >= max(p.spec.vlen or 128 for p in d.kernels)]
+    rows = []
+    for compiler in ["clang"] + ([] if "rvv" in targets else ["gcc"]):
+        exe = mlas_check.build(d, spec_file, compiler=compiler)
+        for g in d.groups:
+            names = [p.name for p in (g.m1, g.dequant, g.gemv, g.gemm) if p]
+            shapes = _group_shapes(g)
+            cases = [(mlas_check.random_case(rng, M, N, K, g.block, i % 2 == 0, i % 3 == 0, g.compute, exact), exact)
+                     for exact in (False, True) for i, (M, N, K) in enumerate(shapes)]
+            for vlen in vlens:
+                if log:
+                    log(f"  dispatch {d.prefix}: {'+'.join(names)}: {compiler}, vlen {vlen}: {len(cases)} cases")
+                results = mlas_check.run(exe, [c for c, _ in cases], vlen=vlen)
+                cmp = [mlas_check.check(d, c, r, exact=exact) for (c, exact), r in zip(cases, results)]
+                bad = [(c, x) for (c, _), x in zip(cases, cmp) if not x.ok]
+                message = "ok" if not bad else f"{len(bad)} failed; first M,N,K={bad[0][0].case.shape}: {bad[0][1].message}"
+                rows.append(Row("+".join(names), "mlas:" + "/".join(sorted({p.spec.target for p in (g.m1, g.dequant, g.gemv, g.gemm) if p})),
+                                compiler, str(vlen), len(cmp), max(x.max_abs for x in cmp), max(x.max_rel for x in cmp),
+                                sum(r.vmadots for r in results), not bad, message))
     return rows
 
 

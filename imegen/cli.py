@@ -8,9 +8,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .check import check_kernel, format_table, stderr_log
+from .check import check_dispatch, check_kernel, format_table, stderr_log
 from .errors import SpecError
 from .ir import load_specs
+from .mlas_abi import plan_dispatch
 from .plan import KernelPlan, plan_kernel
 from .render import march_for, render_spec, write_if_changed
 from .toolchain import ToolchainError, missing_tools
@@ -57,10 +58,15 @@ def cmd_check(args) -> int:
         print(f"error: missing tools: {', '.join(missing)} (see README: install the toolchain first)", file=sys.stderr)
         return 2
     plans = _plans(args.spec, args.kernel)
+    own = [p for p in plans if p.spec.abi == "imegen"]
     rows = []
-    for i, plan in enumerate(plans, 1):
-        stderr_log(f"[{i}/{len(plans)}] {plan.name}: {plan.spec.describe()}")
+    for i, plan in enumerate(own, 1):
+        stderr_log(f"[{i}/{len(own)}] {plan.name}: {plan.spec.describe()}")
         rows += check_kernel(plan, args.spec, seed=args.seed, log=stderr_log)
+    dispatch = plan_dispatch(plans, args.spec)
+    if dispatch:  # abi=mlas kernels run through their dispatch, as ORT's MLAS would call them
+        stderr_log(f"[MLAS dispatch] {', '.join(p.name for p in dispatch.kernels)}")
+        rows += check_dispatch(dispatch, args.spec, seed=args.seed, log=stderr_log)
     print(format_table(rows))
     failed = [r for r in rows if not r.ok]
     print(f"\n{len(rows) - len(failed)} of {len(rows)} builds passed ({sum(r.cases for r in rows)} cases, "

@@ -139,3 +139,11 @@ def test_ort_glue_compiles_against_mlas_types(tmp_path):
     glue.write_text(files["ort_mlas_mlas_dispatch.cpp"])
     subprocess.run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-c", str(glue), "-I", str(tmp_path),
                     "-o", str(tmp_path / "glue.o")], check=True)
+
+
+def test_imegen_check_runs_mlas_kernels_through_their_dispatch(capsys):
+    from imegen.cli import main
+
+    assert main(["check", "examples/ort_mlas.imegen"]) == 0
+    out = capsys.readouterr().out
+    assert "mlas:ime" in out and "mlas:rvv" in out and "FAIL" not in out
