@@ -36,34 +36,19 @@ from imegen.reference import (
     matmul_nbits_int8,
     quantize_a_int8,
     quantize_weights,
-    unpack_codes,
 )
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from onnxruntime.capi import _pybind_state as C  # noqa: E402
+# The model builder, ORT's quantizer binding and the x86 A-quantization model live in imegen.ort_check
+# (the `imegen ort-check` conformance suite), shared with tests/test_ort_check.py.
+from imegen.ort_check import int8_result, ort_quantize, quantize_a_int8_x86, run_ort  # noqa: E402
 
 F32 = np.float32
-U = 2.0**-24
 X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
 
 # ---------------------------------------------------------------- a) quantizer
-def ort_quantize(W, bits, block_size, symmetric):
-    """Exactly what matmul_nbits_quantizer.DefaultWeightOnlyQuantizer.qbits_block_quant does
-    (that module itself needs onnx_ir, which we do not depend on)."""
-    K, N = W.shape
-    kb, per = -(-K // block_size), 8 // bits
-    Wp = np.pad(W, ((0, kb * block_size - K), (0, 0)))
-    packed = np.zeros((N, kb, block_size // per), np.uint8)
-    zp = np.zeros((N, -(-kb // per)), np.uint8)
-    scales = np.zeros((N, kb), F32)
-    fn = {2: C.quantize_matmul_2bits, 4: C.quantize_matmul_4bits, 8: C.quantize_matmul_8bits}[bits]
-    fn(packed, Wp, scales, zp, block_size, N, K, symmetric)
-    return packed, scales, zp
-
-
 def assert_same_quantization(W, bits, block_size, symmetric):
     K, N = W.shape
     packed, scales, zp = ort_quantize(W, bits, block_size, symmetric)
@@ -114,33 +99,6 @@ def test_quantizer_bit_exact_property(W, bits, block_size, symmetric):
 
 
 # ---------------------------------------------------------------- b) MatMulNBits numerics
-def run_ort(A, qw: QuantizedWeights, bias=None, accuracy_level=0):
-    M, K = A.shape
-    inits = [numpy_helper.from_array(qw.data, "B"), numpy_helper.from_array(qw.scales, "scales")]
-    names = ["A", "B", "scales", "", "", ""]  # A, B, scales, zero_points, g_idx, bias
-    if qw.zero_points is not None:
-        inits.append(numpy_helper.from_array(qw.zero_points, "zero_points"))
-        names[3] = "zero_points"
-    if bias is not None:
-        inits.append(numpy_helper.from_array(np.asarray(bias, F32), "bias"))
-        names[5] = "bias"
-    while names[-1] == "":
-        names.pop()
-    node = helper.make_node("MatMulNBits", names, ["Y"], domain="com.microsoft", K=K, N=qw.N,
-                            bits=qw.bits, block_size=qw.block_size, accuracy_level=accuracy_level)
-    graph = helper.make_graph(
-        [node], "matmulnbits", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [M, K])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [M, qw.N])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
-                                                    helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = 10
-    onnx.checker.check_model(model)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return sess.run(None, {"A": A})[0].astype(np.float64)
-
-
 # (M, N, K, block_size) from matmul_4bits_test.cc Float32_4b_Accuracy{0,4}; all run in < 0.2 s
 SHAPES = [(1, 1, 16, 16), (1, 288, 93, 32), (2, 2, 16, 16), (100, 32, 16, 128), (3, 33, 40, 16),
           (1, 288, 1234, 16), (100, 288, 1234, 16), (100, 288, 1024, 128), (100, 288, 192, 64)]
@@ -152,38 +110,6 @@ def ort_test_data(M, N, K, bits, block_size, symmetric, seed):
     A = rng.normal(0, 0.25, (M, K)).astype(F32)
     qw = quantize_weights(rng.normal(0, 0.25, (K, N)).astype(F32), bits, block_size, symmetric)
     return A, qw, rng.uniform(1, 5, N).astype(F32)
-
-
-def quantize_a_int8_x86(A, block_size):
-    """x86 MLAS (QuantizeARow_CompInt8_avx2/avx512): multiplier 127/amax (not 1/(amax/127)) and
-    round-half-to-even (_mm256_round_ps / cvtps).  Used only to explain ORT-x86's output."""
-    A = np.asarray(A, F32)
-    M, K = A.shape
-    kb = -(-K // block_size)
-    a = np.zeros((M, kb * block_size), F32)
-    a[:, :K] = A
-    a = a.reshape(M, kb, block_size)
-    amax = np.abs(a).max(axis=2)
-    with np.errstate(divide="ignore"):
-        mul = np.where(amax != 0, F32(127) / amax, F32(0)).astype(F32)
-    qa = np.clip(np.rint((a * mul[:, :, None]).astype(F32)), -128, 127).astype(np.int8)
-    return qa.reshape(M, -1), (amax / F32(127)).astype(F32)
-
-
-def int8_result(qa, a_scale, qw, bias):
-    """Σ_b acc*a_s*b_s + bias for given A codes, plus an fp32 error bound for any evaluation order
-    of it, including BlkSum splits: (kb+3)u * (Σ_b a_s |b_s| kmax Σ|qa| + |Y|)."""
-    q, zp = unpack_codes(qw)
-    kb, bs = qw.k_blocks, qw.block_size
-    w = np.zeros((kb * bs, qw.N), np.int64)
-    w[: qw.K] = q - np.repeat(zp, bs, axis=0)[: qw.K]
-    qa3 = qa.astype(np.int64).reshape(qa.shape[0], kb, bs)
-    acc = np.einsum("mbk,bkn->mnb", qa3, w.reshape(kb, bs, qw.N))
-    Y = np.einsum("mnb,mb,nb->mn", acc.astype(np.float64), a_scale.astype(np.float64), qw.scales.astype(np.float64))
-    Y = Y + (0 if bias is None else bias)
-    mag = np.einsum("mb,mb,nb->mn", np.abs(qa3).sum(-1).astype(np.float64), a_scale.astype(np.float64),
-                    np.abs(qw.scales.astype(np.float64))) * ((1 << qw.bits) - 1)
-    return Y, (kb + 3) * U * (mag + np.abs(Y))
 
 
 @pytest.mark.parametrize("bits", [4, 8])
