@@ -1,0 +1,142 @@
+"""Instruction counting: the QEMU plugin's classification of a known instruction mix, link-map
+ranges, and the extrapolation of reduced runs to full shapes (imegen/perf/{insn_count.c,measure.py})."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from imegen import toolchain
+from imegen.ir import specs_from_text
+from imegen.perf import measure, plugin
+from imegen.plan import plan_kernel
+
+C_DIR = Path(__file__).resolve().parent / "c"
+NEEDS_TOOLS = pytest.mark.skipif(bool(toolchain.missing_tools()), reason="needs the cross toolchains and qemu-riscv64")
+
+
+@pytest.fixture(scope="module")
+def plugin_so():
+    """The plugin must build wherever QEMU is installed (.ci/install fetches qemu-plugin.h)."""
+    return plugin.ensure_plugin()
+
+
+# ---------------------------------------------------------------------------------------------
+# The plugin: a program with a known instruction mix
+
+
+# perf_classify_kernel.c, one call (see the comments there).
+EXPECTED = {
+    "vset": 6, "vload": 3, "vstore": 1, "vlsx": 1, "valu": 4, "vfpu": 1, "vmadot": 1,
+    "int": 3, "mem": 2, "fp": 1, "div": 1, "branch": 2,
+}
+EXPECTED_HIST = {"vieu.e0": 3, "vieu.e2": 1, "vfp.e2": 1}
+EXPECTED_MEM = {"vload": (80, 68, 5), "vstore": (128, 32, 8), "vlsx": (16, 4, 1)}  # bytes, elements, beats
+
+
+@pytest.fixture(scope="module")
+def classify_run(plugin_so, tmp_path_factory):
+    d = tmp_path_factory.mktemp("classify")
+    kobj = toolchain.compile_c([C_DIR / "perf_classify_kernel.c"], d / "kernel.o")
+    dobj = toolchain.compile_c([C_DIR / "perf_classify_main.c"], d / "driver.o", include_dirs=[toolchain.RUNTIME_DIR])
+    eobj = toolchain.compile_ime_emu(d / "ime_emu.o")
+    exe = toolchain.compile_c([kobj, dobj, eobj], d / "classify", extra_flags=["-static", f"-Wl,-Map={d / 'map'}"])
+    ranges = measure.code_ranges_from_map((d / "map").read_text(), {str(kobj): "kernel", str(dobj): "excluded",
+                                                                    str(eobj): "excluded"})
+    ranges += [(lo, hi, "image") for lo, hi in measure._exec_segments(exe)]
+    syms = measure._symbols(exe)
+    return plugin.run_counted(exe, [], ranges, begin=syms["imegen_bench_begin"][0], end=syms["imegen_bench_end"][0])
+
+
+@NEEDS_TOOLS
+def test_plugin_classifies_a_known_instruction_mix(classify_run):
+    (region,) = classify_run.regions
+    for cls, n in EXPECTED.items():
+        assert region[f"kernel.{cls}"] == n, cls
+        assert classify_run.total[f"kernel.{cls}"] == 3 * n, cls  # three calls in all
+    for key, n in EXPECTED_HIST.items():
+        assert region[f"kernel.{key}"] == n, key
+    assert sum(v for k, v in region.values.items() if k.startswith("kernel.vieu.") or k.startswith("kernel.vfp.")) == 5
+    for cls, (nbytes, elems, beats) in EXPECTED_MEM.items():
+        assert (region[f"kernel.{cls}.bytes"], region[f"kernel.{cls}.elems"], region[f"kernel.{cls}.beats"]) == (nbytes, elems, beats), cls
+    assert region["vtype_unknown"] == 1
+
+
+@NEEDS_TOOLS
+def test_plugin_excludes_the_trap_emulator(classify_run):
+    (region,) = classify_run.regions
+    # The vmadot is counted once although it trapped; the emulator's work is excluded by address,
+    # and the signal trampoline lies outside the executable.
+    assert region["kernel.vmadot"] == 1
+    assert region["excluded.vstore"] > 0 and region["excluded.int"] > 100  # vs1r.v spills, the handler's C code
+    assert 0 < region["outside.int"] + region["outside.branch"] <= 4
+    assert sum(v for k, v in region.values.items() if k.startswith("callee.") and "." not in k[7:]) == 0
+
+
+def test_parse_output_rejects_mismatched_lines():
+    good = "format a.b c.d vtype_unknown\nregion 0 1 2 3\ntotal 4 5 6\n"
+    run = plugin.parse_output(good)
+    assert run.regions[0]["c.d"] == 2 and run.total["vtype_unknown"] == 6
+    with pytest.raises(ValueError):
+        plugin.parse_output("format a b\ntotal 1\n")
+    with pytest.raises(ValueError):
+        plugin.parse_output("format a\nregion 0 1\n")  # no total: the program did not exit normally
+
+
+def test_link_map_parsing_handles_both_line_forms():
+    text = """
+.text           0x0000000000010458    0x41e0a
+ *(.text.unlikely .text.*_unlikely .text.unlikely.*)
+ .text.unlikely
+                0x0000000000010500       0x10 /tmp/x/kernel.o
+ .text          0x000000000001066a       0x5a /tmp/x/kernel.o
+                0x000000000001066a                k_matmul
+ .text          0x00000000000106c4      0x774 /tmp/x/emu.o
+ .text          0x0000000000010e38       0x20 /usr/lib/libc.a(memset.o)
+.rodata         0x0000000000052a80      0x100
+ .rodata        0x0000000000052a84      0x100 /tmp/x/emu.o
+"""
+    got = measure.code_ranges_from_map(text, {"/tmp/x/kernel.o": "kernel", "/tmp/x/emu.o": "excluded"})
+    assert got == [(0x10500, 0x10510, "kernel"), (0x1066A, 0x106C4, "kernel"), (0x106C4, 0x10E38, "excluded")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Counts of real kernels: extrapolation by whole tiles
+
+
+SPECS = """
+defaults { bits = 4  block = 32  zero_point = asymmetric  compute = int8  target = ime }
+kernel p_ime { op = gemm  tile = 4x16  k_unroll = 2  unpack = planar  panel = 16 }
+kernel p_rvv { op = gemm  compute = fp32  target = rvv  vlen = 256  tile = 4x16 }
+"""
+
+
+@NEEDS_TOOLS
+@pytest.mark.parametrize("name", ["p_ime", "p_rvv"])
+def test_extrapolated_counts_equal_a_direct_run(plugin_so, name):
+    (spec,) = [s for s in specs_from_text(SPECS) if s.name == name]
+    plan = plan_kernel(spec)
+    M, N, K = 11, 45, 67  # 3 x 3 tiles with partial last tiles, a padded last block
+    (sc,) = measure.measure_shapes(plan, [(M, N, K)], use_cache=False)
+    assert sc.samples == ((3, 13, K), (3, 29, K), (7, 13, K), (7, 29, K))
+    (direct,) = measure.run_cases(measure.build_bench(plan), [(M, N, K)])
+    got = sc.matmul(1)
+    for key, value in direct.matmul.items():
+        if key.startswith("kernel."):  # the kernel's own code: exact
+            assert got[key] == value, key
+    callee = sum(v for k, v in direct.matmul.items() if k.startswith("callee.") and k.count(".") == 1)
+    got_callee = sum(v for k, v in got.items() if k.startswith("callee.") and k.count(".") == 1)
+    assert got_callee == pytest.approx(callee, rel=0.05)  # memset/roundf lengths and values vary a little
+    if spec.target == "ime":
+        assert direct.emulated_vmadots == got["kernel.vmadot"] == 3 * 3 * 3 * 16
+
+
+def test_per_core_split():
+    sc = measure.ShapeCounts(M=8, N=64, K=32, mt=2, nt=8, p0={"kernel.int": 10}, dp={"kernel.int": 10},
+                             f00={"kernel.int": 100}, dm={"kernel.int": 100}, dn={"kernel.int": 100},
+                             dmn={"kernel.int": 100}, samples=())
+    assert sc.prep()["kernel.int"] == 20
+    assert sc.tiles()["kernel.int"] == 100 * 2 * 8  # 16 tiles of 100
+    assert sc.matmul(1)["kernel.int"] == 20 + 1600
+    assert sc.matmul(4)["kernel.int"] == 20 / 4 + 100 * 2 * 2  # 2 of the 8 N tiles per core
