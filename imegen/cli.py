@@ -161,7 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--full", action="store_true", help="ORT's whole shape grid (default: the fast CI subset)")
     o.add_argument("-j", "--jobs", type=int, default=None, help="parallel builds/QEMU runs (default: CPU count)")
     o.add_argument("-k", "--kernel", action="append", help="only this kernel of SPEC (repeatable)")
+    from .perf.cli import COMMANDS as PERF_COMMANDS, add_perf_commands, run_perf_command  # bench, tune
+    add_perf_commands(sub)
     args = parser.parse_args(argv)
+    if args.command in PERF_COMMANDS:
+        return run_perf_command(args)
     handler = {"generate": cmd_generate, "check": cmd_check, "list": cmd_list, "explain": cmd_explain,
                "ort-check": cmd_ort_check, "outputs": cmd_outputs, "cmake-snippet": cmd_cmake_snippet}[args.command]
     try:

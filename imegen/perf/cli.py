@@ -1,0 +1,66 @@
+"""The `imegen bench` and `imegen tune` commands (added to imegen.cli's parser)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from ..errors import SpecError
+from ..toolchain import ToolchainError, missing_tools
+from .plugin import PluginUnavailable
+from .workload import BLOCKS
+
+COMMANDS = ("bench", "tune")
+
+
+def _blocks(text: str) -> tuple[int, ...]:
+    blocks = tuple(int(b) for b in text.split(","))
+    bad = [b for b in blocks if b not in BLOCKS]
+    if bad:
+        raise ValueError(f"blocks must be among {', '.join(map(str, BLOCKS))}, got {', '.join(map(str, bad))}")
+    return blocks
+
+
+def add_perf_commands(sub) -> None:
+    b = sub.add_parser("bench", help="Qwen2.5-0.5B shapes: QEMU instruction counts, X60-modeled times, baselines")
+    t = sub.add_parser("tune", help="search IME tile configs per Qwen2.5-0.5B shape under the X60 cost model")
+    for p in (b, t):
+        p.add_argument("--quick", action="store_true", help="the CI subset: q/o shape, M=1 and 128, block 32, small search")
+        p.add_argument("-o", "--output", default="bench/results", help="directory for the outputs (default: bench/results)")
+        p.add_argument("--blocks", type=_blocks, default=BLOCKS, help="comma-separated block sizes (default: 32,64,128)")
+        p.add_argument("-j", "--jobs", type=int, default=None, help="parallel builds/QEMU runs (default: CPU count)")
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_perf_command(args) -> int:
+    from . import bench, tune
+
+    missing = missing_tools()
+    if missing:
+        print(f"error: missing tools: {', '.join(missing)} (see README: install the toolchain first)", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    out = Path(args.output)
+    try:
+        if args.command == "tune":
+            result = tune.search(tune.targets(quick=args.quick, blocks=args.blocks), quick=args.quick,
+                                 jobs=args.jobs or os.cpu_count() or 1, log=_log)
+            print(result.spec_file())
+            for path in tune.write_outputs(result, out):
+                _log(f"wrote {path}")
+        else:
+            res = bench.run(quick=args.quick, blocks=args.blocks, jobs=args.jobs, log=_log)
+            text = bench.report(res)
+            print(text)
+            for path in bench.write_outputs(res, out, text):
+                _log(f"wrote {path}")
+    except (SpecError, ToolchainError, PluginUnavailable, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    _log(f"{args.command}: {time.perf_counter() - t0:.1f} s")
+    return 0

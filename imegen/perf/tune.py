@@ -1,0 +1,248 @@
+"""`imegen tune`: search IME tile configs under the X60 cost model, per MatMulNBits shape.
+
+Search space (4-bit weights, asymmetric zero points, int8 compute, target ime):
+  stage 1 (register blocking and K unroll): op gemv with tile 1xTN, or op gemm with tile TMxTN,
+          TM in {4, 8, 12, 16}, TN in {4, 8, ..., 32}, k_unroll in {1, 2, 4, 8}; unpack planar,
+          panel = TN, scales inline;
+  stage 2 (layout): for the best two stage-1 configs of every shape, every unpack in {planar,
+          interleaved}, panel in {TN, 2 TN, 4 TN} and scales in {inline, separate}.
+Every candidate is written as DSL text and goes through imegen's own parser and validator
+(ir.specs_from_text); the ones it refuses (register budget, k_unroll vs block, ...) are
+reported with the validator's message and never built. Valid ones are measured (measure.py,
+cached) and modeled (x60.py). The best config per shape minimises the modeled time on 4 IME
+cores, then on 1 core, then the core-side time on 1 core (what is left when DRAM binds), then
+the spec text: the choice is deterministic, and a rerun with the same sources reproduces it
+from the count cache.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SpecError
+from ..ir import KernelSpec, specs_from_text
+from ..plan import plan_kernel
+from . import measure, x60
+from .workload import BLOCKS, DECODE_M, PREFILL_M, shapes
+
+ORDER = ("op", "bits", "block", "zero_point", "bias", "compute", "target", "vlen", "tile", "k_unroll",
+         "unpack", "panel", "scales")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One tuning target: a weight shape at one M and block size."""
+
+    shape: str
+    M: int
+    N: int
+    K: int
+    block: int
+
+    @property
+    def mnk(self) -> tuple[int, int, int]:
+        return self.M, self.N, self.K
+
+    @property
+    def label(self) -> str:
+        return f"{self.shape} M={self.M} block={self.block}"
+
+    @property
+    def ident(self) -> str:
+        return f"qwen_{self.shape.replace('/', '_')}_m{self.M}_b{self.block}"
+
+
+def cases(*, blocks=BLOCKS, ms=(DECODE_M, *PREFILL_M), only_shapes: tuple[str, ...] | None = None) -> list[Case]:
+    return [Case(s.name, M, s.N, s.K, b) for b in blocks for s in shapes()
+            if only_shapes is None or s.name in only_shapes for M in ms]
+
+
+def targets(*, quick: bool = False, blocks=BLOCKS) -> list[Case]:
+    """What `imegen tune`/`bench` cover: every Qwen shape x M x block, or the --quick CI subset
+    (the q/o shape at M = 1 and 128, the first block)."""
+    if quick:
+        return cases(blocks=blocks[:1], ms=(DECODE_M, PREFILL_M[0]), only_shapes=("q/o",))
+    return cases(blocks=blocks)
+
+
+def spec_text(name: str, settings: dict[str, object]) -> str:
+    body = "\n".join(f"  {k:<10} = {settings[k]}" for k in ORDER if k in settings)
+    return f"kernel {name} {{\n{body}\n}}\n"
+
+
+def config_name(settings: dict[str, object]) -> str:
+    """A readable name that identifies a config (kernel names are C prefixes)."""
+    s = settings
+    tile = str(s["tile"])
+    parts = [str(s["target"]), str(s["compute"]), str(s["op"]), tile, f"k{s['k_unroll']}",
+             str(s["unpack"])[:2], f"p{s['panel']}", str(s["scales"])[:3], f"b{s['block']}"]
+    if "vlen" in s:
+        parts.insert(3, f"v{s['vlen']}")
+    return "_".join(parts)
+
+
+def base_settings(block: int) -> dict[str, object]:
+    return {"bits": 4, "block": block, "zero_point": "asymmetric", "bias": "no", "compute": "int8", "target": "ime"}
+
+
+def stage1(block: int, *, quick: bool = False) -> list[dict[str, object]]:
+    tms = (1, 4, 8) if quick else (1, 4, 8, 12, 16)
+    tns = (8, 16, 24) if quick else tuple(range(4, 33, 4))
+    kus = (1, 2, 4) if quick else (1, 2, 4, 8)
+    out = []
+    for tm in tms:
+        for tn in tns:
+            for ku in kus:
+                out.append({**base_settings(block), "op": "gemv" if tm == 1 else "gemm", "tile": f"{tm}x{tn}",
+                            "k_unroll": ku, "unpack": "planar", "panel": tn, "scales": "inline"})
+    return out
+
+
+def stage2(settings: dict[str, object], *, quick: bool = False) -> list[dict[str, object]]:
+    tn = int(str(settings["tile"]).split("x")[1])
+    panels = (tn,) if quick else tuple(p for p in (tn, 2 * tn, 4 * tn) if p <= 128)
+    return [{**settings, "unpack": u, "panel": p, "scales": sc}
+            for u in ("planar", "interleaved") for p in panels for sc in ("inline", "separate")]
+
+
+def validate(settings: dict[str, object]) -> KernelSpec | SpecError:
+    """Through the DSL's own parser and validator; returns the spec or the refusal."""
+    name = config_name(settings)
+    try:
+        (spec,) = specs_from_text(spec_text(name, settings), f"<tune:{name}>")
+        return spec
+    except SpecError as e:
+        return e
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    spec: KernelSpec
+    case: Case
+    counts: dict[str, float]  # one core, whole shape
+    one_core: x60.Modeled
+    four_cores: x60.Modeled
+
+    @property
+    def key(self) -> tuple:
+        """Modeled time on 4 cores, then on 1 core, then core-side time on 1 core (headroom when
+        DRAM-bound), then the spec text: a total order, so the choice is deterministic."""
+        return (self.four_cores.time_s, self.one_core.time_s, self.one_core.core_s,
+                spec_text("k", settings_of(self.spec)))
+
+
+def settings_of(spec: KernelSpec) -> dict[str, object]:
+    d = {"op": spec.op, "bits": spec.bits, "block": spec.block, "zero_point": spec.zero_point,
+         "bias": "yes" if spec.bias else "no", "compute": spec.compute, "target": spec.target,
+         "tile": f"{spec.tile_m}x{spec.tile_n}", "k_unroll": spec.k_unroll, "unpack": spec.unpack,
+         "panel": spec.panel, "scales": spec.scales}
+    if spec.target == "rvv":
+        d["vlen"] = spec.vlen
+    return d
+
+
+def evaluate(specs: list[KernelSpec], targets: list[Case], *, jobs: int = 1, log=None,
+             params: x60.X60Params = x60.X60) -> dict[tuple[str, Case], Evaluation]:
+    """Measure every spec on every case (one QEMU run per spec) and model it."""
+
+    def one(spec: KernelSpec) -> list[Evaluation]:
+        plan = plan_kernel(spec)
+        mine = [c for c in targets if c.block == spec.block]
+        counted = measure.measure_shapes(plan, [c.mnk for c in mine])
+        out = []
+        for c, sc in zip(mine, counted):
+            one_core, four = sc.matmul(1), sc.matmul(params.ime_cores)
+            out.append(Evaluation(spec, c, one_core, x60.model(plan, *c.mnk, one_core, 1, params),
+                                  x60.model(plan, *c.mnk, four, params.ime_cores, params)))
+        if log:
+            log(f"  measured {spec.name}")
+        return out
+
+    results: dict[tuple[str, Case], Evaluation] = {}
+    unique = list({s.name: s for s in specs}.values())
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for evals in pool.map(one, unique):
+            for e in evals:
+                results[(e.spec.name, e.case)] = e
+    return results
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    best: dict[Case, Evaluation]
+    ranking: dict[Case, list[Evaluation]]  # every evaluated config, best first
+    refused: list[tuple[str, str]]  # (config name, validator message)
+    evaluated: int
+
+    def spec_file(self) -> str:
+        lines = ["# imegen tune: best IME config per Qwen2.5-0.5B MatMulNBits shape under the X60 cost model",
+                 "# (modeled, not measured on hardware; see imegen/perf/x60.py). Regenerate with `imegen tune`.", ""]
+        for case, e in self.best.items():
+            lines.append(f"# {case.label}: N={case.N} K={case.K}; modeled {e.four_cores.time_s * 1e3:.4f} ms on 4 cores, "
+                         f"{e.one_core.time_s * 1e3:.4f} ms on 1 core")
+            lines.append(spec_text(case.ident, settings_of(e.spec)))
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "evaluated": self.evaluated,
+            "refused": [{"config": n, "reason": r} for n, r in self.refused],
+            "cases": [{"case": c.label, "kernel": c.ident, "M": c.M, "N": c.N, "K": c.K, "block": c.block,
+                       "best": settings_of(e.spec), "ms_4_cores": e.four_cores.time_s * 1e3,
+                       "ms_1_core": e.one_core.time_s * 1e3,
+                       "top": [{"config": r.spec.name, "ms_4_cores": r.four_cores.time_s * 1e3,
+                                "ms_1_core": r.one_core.time_s * 1e3} for r in self.ranking[c][:5]]}
+                      for c, e in self.best.items()],
+        }
+
+
+def search(targets: list[Case], *, quick: bool = False, jobs: int = 1, log=None,
+           candidates: dict[int, list[dict[str, object]]] | None = None) -> TuneResult:
+    """Two-stage search; `candidates` (block -> settings) replaces stage 1 (used by tests)."""
+    refused: list[tuple[str, str]] = []
+    seen: dict[str, KernelSpec] = {}
+
+    def admit(settings_list: list[dict[str, object]]) -> list[KernelSpec]:
+        new = []
+        for st in settings_list:
+            name = config_name(st)
+            if name in seen or any(name == r[0] for r in refused):
+                continue
+            got = validate(st)
+            if isinstance(got, SpecError):
+                refused.append((name, got.message))
+            else:
+                seen[name] = got
+                new.append(got)
+        return new
+
+    blocks = sorted({c.block for c in targets})
+    first = []
+    for b in blocks:
+        first += admit(candidates[b] if candidates is not None else stage1(b, quick=quick))
+    if log:
+        log(f"tune: stage 1: {len(first)} valid configs, {len(refused)} refused by the validator")
+    results = evaluate(first, targets, jobs=jobs, log=log)
+
+    def ranking(case: Case) -> list[Evaluation]:
+        return sorted((e for (_, c), e in results.items() if c == case), key=lambda e: e.key)
+
+    if candidates is None:
+        top = [r.spec for c in targets for r in ranking(c)[:1 if quick else 2]]
+        second = admit([v for s in dict.fromkeys(top) for v in stage2(settings_of(s), quick=quick)])
+        if log:
+            log(f"tune: stage 2: {len(second)} layout variants of the stage-1 leaders")
+        results.update(evaluate(second, targets, jobs=jobs, log=log))
+    ranks = {c: ranking(c) for c in targets}
+    return TuneResult({c: ranks[c][0] for c in targets}, ranks, refused, len(seen))
+
+
+def write_outputs(result: TuneResult, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec_path, json_path = out_dir / "tuned.imegen", out_dir / "tune.json"
+    spec_path.write_text(result.spec_file())
+    json_path.write_text(json.dumps(result.to_json(), indent=1, sort_keys=True) + "\n")
+    return [spec_path, json_path]

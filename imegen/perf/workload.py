@@ -1,0 +1,68 @@
+"""The MatMulNBits shapes of a Qwen2.5-0.5B decoder (config.json of Qwen/Qwen2.5-0.5B):
+hidden 896, intermediate 4864, 14 query heads and 2 KV heads of dim 64, 24 layers, vocabulary
+151936 (the LM head is a 896 x 151936 MatMulNBits in ORT's int4 exports).
+
+Per layer: q 896->896, k 896->128, v 896->128, o 896->896, gate 896->4864, up 896->4864,
+down 4864->896. Only these projections and the LM head are modeled: attention itself, norms,
+rotary embedding, the q/k/v bias adds and sampling are not MatMulNBits and are left out of
+every ms/token figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+
+QWEN25_05B = Model("Qwen2.5-0.5B", layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2,
+                   head_dim=64, vocab=151936)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One distinct MatMulNBits weight shape: C[M, N] = A[M, K] x B[K, N]."""
+
+    name: str  # e.g. "q/o"
+    N: int
+    K: int
+    per_token: int  # how many such matmuls one decoder step runs (layers x uses per layer)
+
+
+def shapes(model: Model = QWEN25_05B) -> list[Shape]:
+    h, i, kv = model.hidden, model.intermediate, model.kv_heads * model.head_dim
+    assert model.heads * model.head_dim == h
+    L = model.layers
+    return [
+        Shape("q/o", h, h, 2 * L),
+        Shape("k/v", kv, h, 2 * L),
+        Shape("gate/up", i, h, 2 * L),
+        Shape("down", h, i, L),
+        Shape("lm_head", model.vocab, h, 1),
+    ]
+
+
+def weights_per_token(model: Model = QWEN25_05B) -> int:
+    return sum(s.N * s.K * s.per_token for s in shapes(model))
+
+
+DECODE_M = 1
+PREFILL_M = (128, 512)
+BLOCKS = (32, 64, 128)
+
+# Published end-to-end figures on K1 / X60 with 4 threads (whole model, not just MatMulNBits):
+PUBLISHED = {
+    "ORT (MatMulNBits), as quoted in issue 4": 80.0,  # ms/token, decode; source not verified here
+    "llama.cpp Q4_0, tg128 10.03 t/s (build-riscv64-spacemit.md)": 1000.0 / 10.03,
+}
+PUBLISHED_PP512_TPS = 64.12  # llama.cpp Q4_0 pp512 tokens/s, same table

@@ -1,0 +1,100 @@
+"""The tuner (validator refusals, determinism) and `imegen bench --quick`, the CI subset."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from imegen import toolchain
+from imegen.cli import main
+from imegen.ir import specs_from_text
+from imegen.perf import measure, plugin, tune
+
+NEEDS_TOOLS = pytest.mark.skipif(bool(toolchain.missing_tools()), reason="needs the cross toolchains and qemu-riscv64")
+
+
+@pytest.fixture(scope="module")
+def plugin_so():
+    """The plugin must build wherever QEMU is installed (.ci/install fetches qemu-plugin.h)."""
+    return plugin.ensure_plugin()
+
+
+# ---------------------------------------------------------------------------------------------
+# The tuner
+
+
+def _settings(**kw):
+    base = {**tune.base_settings(32), "op": "gemm", "tile": "4x16", "k_unroll": 2, "unpack": "planar", "panel": 16,
+            "scales": "inline"}
+    return {**base, **kw}
+
+
+def test_tuner_validates_through_the_dsl():
+    ok = tune.validate(_settings())
+    assert ok.name == tune.config_name(_settings()) and ok.tile_m == 4
+    bad = {
+        "tile": (_settings(tile="16x16"), "needs 48 vector registers"),
+        "k_unroll": (_settings(k_unroll=1), "even k_unroll"),
+        "gemv": (_settings(op="gemv"), "tile must be 1xN"),
+        "block": (_settings(k_unroll=8), "block 32 is not a multiple of the K step 8*k_unroll = 64"),
+    }
+    for what, (st, message) in bad.items():
+        err = tune.validate(st)
+        assert not hasattr(err, "tile_m") and message in err.message, what
+
+
+@NEEDS_TOOLS
+def test_tuner_refuses_invalid_configs_and_is_deterministic(plugin_so, tmp_path, monkeypatch):
+    targets = [tune.Case("q/o", 1, 896, 896, 32), tune.Case("q/o", 8, 896, 896, 32)]
+    candidates = {32: [_settings(), _settings(tile="8x16"), _settings(op="gemv", tile="1x16"),
+                       _settings(tile="16x16"), _settings(k_unroll=1)]}
+    built = []
+    real_build = measure.build_bench
+    monkeypatch.setattr(measure, "build_bench", lambda plan, **kw: built.append(plan.name) or real_build(plan, **kw))
+    first = tune.search(targets, candidates=candidates, jobs=2)
+    assert first.evaluated == 3 and len(first.refused) == 2
+    assert {n for n, _ in first.refused} == {tune.config_name(_settings(tile="16x16")), tune.config_name(_settings(k_unroll=1))}
+    assert set(built) == {tune.config_name(c) for c in candidates[32][:3]}  # refused configs are never built
+    # Reproducible: again from scratch (empty build and count cache) gives the same counts and choices.
+    monkeypatch.setattr(measure, "CACHE", tmp_path / "cache")
+    second = tune.search(targets, candidates=candidates, jobs=1)
+    assert first.spec_file() == second.spec_file()
+    for c in targets:
+        assert [e.spec.name for e in first.ranking[c]] == [e.spec.name for e in second.ranking[c]]
+        assert [e.counts for e in first.ranking[c]] == [e.counts for e in second.ranking[c]]
+    best = first.best[targets[1]]
+    assert best.spec.tile_m == 8  # M = 8: the 8x16 tile does the 4x16's work in one M tile
+    assert [s.name for s in specs_from_text(first.spec_file())] == [c.ident for c in targets]
+
+
+# ---------------------------------------------------------------------------------------------
+# imegen bench --quick (what CI runs)
+
+
+@NEEDS_TOOLS
+def test_bench_quick(plugin_so, tmp_path, capsys):
+    code = main(["bench", "--quick", "-o", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "METHOD: Counts are instructions retired under qemu-riscv64" in out
+    assert "modeled, not measured" in out
+    for heading in ("Instruction counts (MEASURED", "Modeled time (MODELED", "speedup over each baseline"):
+        assert heading in out
+    rows = list(csv.DictReader((tmp_path / "bench.csv").open()))
+    assert [(r["M"], r["kernel"]) for r in rows] == [("1", "imegen"), ("1", "llama-4x16"), ("1", "rvv-fp32"),
+                                                     ("128", "imegen"), ("128", "llama-4x16"), ("128", "rvv-fp32")]
+    by = {(r["M"], r["kernel"]): r for r in rows}
+    for M in ("1", "128"):
+        assert int(by[(M, "imegen")]["vmadot"]) > 0 and int(by[(M, "llama-4x16")]["vmadot"]) > 0
+        assert int(by[(M, "rvv-fp32")]["vmadot"]) == 0
+        for r in (by[(M, k)] for k in ("imegen", "llama-4x16", "rvv-fp32")):
+            assert float(r["x_roofline_4cores"]) >= 1.0
+    # Prefill: the tuned config beats both baselines in modeled time, on 4 cores and on 1.
+    for kind in ("llama-4x16", "rvv-fp32"):
+        assert float(by[("128", "imegen")]["ms_4cores"]) < float(by[("128", kind)]["ms_4cores"])
+        assert float(by[("128", "imegen")]["ms_1core"]) < float(by[("128", kind)]["ms_1core"])
+        assert float(by[("1", "imegen")]["ms_1core"]) < float(by[("1", kind)]["ms_1core"])
+    assert (tmp_path / "bench.png").stat().st_size > 10_000
+    assert (tmp_path / "tuned.imegen").read_text().count("kernel qwen_q_o_m") == 2
+    specs_from_text((tmp_path / "tuned.imegen").read_text())  # the written spec is valid DSL
