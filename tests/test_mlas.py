@@ -7,6 +7,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, strategies as st
 
 from imegen import mlas_check
 from imegen.errors import SpecError
@@ -147,3 +148,41 @@ def test_imegen_check_runs_mlas_kernels_through_their_dispatch(capsys):
     assert main(["check", "examples/ort_mlas.imegen"]) == 0
     out = capsys.readouterr().out
     assert "mlas:ime" in out and "mlas:rvv" in out and "FAIL" not in out
+
+
+@st.composite
+def mlas_groups(draw):
+    """One (block, compute) group of abi=mlas kernels, drawn from the DSL's values."""
+    block = draw(st.sampled_from([16, 32, 64, 128, 256]))
+    compute = draw(st.sampled_from(["fp32", "int8"]))
+    target = "scalar" if compute == "fp32" and draw(st.booleans()) else draw(st.sampled_from(["scalar", "rvv"] + (["ime"] if compute == "int8" else [])))
+    tn = draw(st.sampled_from([4, 8, 16]))
+    common = f"abi = mlas  block = {block}  compute = {compute}  target = {target}  panel = {tn}  unpack = " + (
+        "planar" if target == "ime" else draw(st.sampled_from(["planar", "interleaved"])))
+    if target == "ime":
+        ku = draw(st.sampled_from([k for k in (2, 4) if block % (8 * k) == 0]))
+        common += f"  k_unroll = {ku}"
+    else:
+        common += f"  k_unroll = {draw(st.sampled_from([k for k in (1, 2, 4) if block % (2 * k) == 0]))}"
+    tm = draw(st.sampled_from([4, 8])) if target == "ime" else draw(st.integers(1, 4))
+    if compute == "fp32":
+        text = f"kernel m1 {{ {common}  op = gemv  tile = 1x{tn} }}\nkernel dq {{ {common}  op = gemm  tile = 1x{tn} }}"
+    else:
+        text = f"kernel g1 {{ {common}  op = gemv  tile = 1x{tn} }}\nkernel gm {{ {common}  op = gemm  tile = {tm}x{tn} }}"
+    return block, (COMPUTE_FP32 if compute == "fp32" else COMPUTE_INT8), text
+
+
+@given(mlas_groups(), st.data())
+def test_mlas_dispatch_property(group, data):
+    block, compute, text = group
+    try:
+        d = _dispatch(text, "prop.imegen")
+    except SpecError:
+        assume(False)
+    shapes = [(data.draw(st.integers(1, 9)), data.draw(st.integers(1, 70)), data.draw(st.integers(1, 3 * block + 5)))
+              for _ in range(3)]
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    cases = [(mlas_check.random_case(rng, M, N, K, block, data.draw(st.booleans()), data.draw(st.booleans()), compute,
+                                     exact=exact), exact)
+             for (M, N, K), exact in zip(shapes, (False, True, False))]
+    _run_and_check(d, "prop.imegen", cases)
