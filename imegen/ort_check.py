@@ -415,12 +415,21 @@ class Suite:
         return Case(A, qw, bias if spec.bias else None)
 
     def ort_output(self, spec: KernelSpec, shape: Shape) -> np.ndarray:
-        key = (shape.M, shape.N, shape.K, shape.block, spec.bits, spec.zero_point, spec.bias, LEVEL[spec.compute])
+        return self.ort_y(shape, spec.bits, spec.zero_point == "symmetric", spec.bias, LEVEL[spec.compute])
+
+    def ort_y(self, shape: Shape, bits: int, symmetric: bool, bias: bool, level: int) -> np.ndarray:
+        key = (shape.M, shape.N, shape.K, shape.block, bits, "symmetric" if symmetric else "asymmetric", bias, level)
         if key not in self._ort:
-            c = self.case(spec, shape)
-            self._ort[key] = Y = run_ort(c.A, c.qw, c.bias, LEVEL[spec.compute])
-            self.ort_self.append(check_ort_itself(key, LEVEL[spec.compute], c, Y))
+            A, qw, b = self.inputs(shape, bits, symmetric)
+            c = Case(A, qw, b if bias else None)
+            self._ort[key] = Y = run_ort(c.A, c.qw, c.bias, level)
+            self.ort_self.append(check_ort_itself(key, level, c, Y))
         return self._ort[key]
+
+    def dispatch_cases(self, group) -> list[tuple[Shape, bool, bool]]:
+        """abi=mlas kernels take zero points and bias at run time: every (shape, zp mode, bias mode)
+        ORT tests at the group's block size."""
+        return [(s, sym, bias) for s in self.shapes if s.block == group.block for sym in (True, False) for bias in s.bias]
 
 
 @dataclass(frozen=True)
@@ -484,29 +493,105 @@ def run_suite(suite: Suite, *, jobs: int | None = None, log=None) -> list[Row]:
     """ORT outputs first (in this thread; ORT has its own thread pool), then every kernel build x
     VLEN in a pool of `jobs` threads (each one compiles and runs one process)."""
     jobs = jobs or os.cpu_count() or 1
-    mlas = [s.name for s in suite.specs if getattr(s, "abi", "imegen") != "imegen"]
-    if mlas and log:
-        log(f"skipping abi=mlas kernels ({', '.join(mlas)}): ort-check runs abi=imegen kernels; "
-            "`imegen check` runs abi=mlas kernels through their dispatch")
-    suite.specs = [s for s in suite.specs if s.name not in mlas]
+    own = [s for s in suite.specs if getattr(s, "abi", "imegen") == "imegen"]
+    dispatch = _dispatch_plan([s for s in suite.specs if s not in own])
     work = []
-    for spec in suite.specs:
+    for spec in own:
         if suite.shapes_for(spec):
             plan = plan_kernel(spec)
-            work += [(spec, plan, *run) for run in runs_for(spec, suite.full)]
+            work += [(_run_build, (suite, spec, plan, *run)) for run in runs_for(spec, suite.full)]
+    needed = [(s, spec.bits, spec.zero_point == "symmetric", spec.bias, LEVEL[spec.compute])
+              for spec in own for s in suite.shapes_for(spec)]
+    if dispatch:
+        for compiler, vlens in dispatch_runs(dispatch, suite.full):
+            work.append((_run_dispatch, (suite, dispatch, compiler, vlens)))
+        needed += [(s, 4, sym, bias, _group_level(g)) for g in dispatch.groups for s, sym, bias in suite.dispatch_cases(g)]
     t = last = time.perf_counter()
-    needed = [(spec, s) for spec in suite.specs for s in suite.shapes_for(spec)]
-    for i, (spec, s) in enumerate(needed, 1):
-        suite.ort_output(spec, s)
+    for i, args in enumerate(needed, 1):
+        suite.ort_y(*args)
         if log and (i == len(needed) or time.perf_counter() - last > 10):
             last = time.perf_counter()
             log(f"onnxruntime: {i}/{len(needed)} kernel cases ({len(suite._ort)} models run, {last - t:.1f} s)")
     if log:
-        log(f"kernels: {len(work)} builds, {sum(len(w[-1]) for w in work)} runs, on {jobs} threads")
+        log(f"kernels: {len(work)} builds on {jobs} threads")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(_run_build, suite, spec, plan, compiler, host, vlens, log)
-                   for spec, plan, compiler, host, vlens in work]
+        futures = [pool.submit(fn, *args, log) for fn, args in work]
         return [row for f in futures for row in f.result()]
+
+
+# ----------------------------------------------------------------------------- abi = mlas kernels
+def _dispatch_plan(specs: list[KernelSpec]):
+    """The MLAS dispatch of a spec's abi=mlas kernels (as `imegen generate` would emit it), or None."""
+    if not specs:
+        return None
+    from .mlas_abi import plan_dispatch
+
+    spec_file = specs[0].source.file if specs[0].source else "ort_check.imegen"
+    return plan_dispatch([plan_kernel(s) for s in specs], spec_file)
+
+
+def _group_level(group) -> int:
+    from .mlas_abi import COMPUTE_FP32
+
+    return 0 if group.compute == COMPUTE_FP32 else 4
+
+
+def _group_plans(group) -> list[KernelPlan]:
+    return [p for p in (group.m1, group.dequant, group.gemv, group.gemm) if p is not None]
+
+
+def dispatch_runs(d, full: bool) -> list[tuple[str, list[int]]]:
+    """Like `imegen check`: IME at VLEN 256, RVV at 128 and 256 (those all kernels accept); clang,
+    and with --full also GCC when no kernel is rvv."""
+    targets = {p.spec.target for p in d.kernels}
+    vlens = [256] if "ime" in targets else [v for v in (128, 256) if v >= max(p.spec.vlen or 128 for p in d.kernels)] or \
+        [max(p.spec.vlen for p in d.kernels)]
+    return [(c, vlens) for c in (["clang"] + (["gcc"] if full and "rvv" not in targets else []))]
+
+
+def _run_dispatch(suite: Suite, d, compiler: str, vlens, log) -> list[Row]:
+    """abi=mlas kernels through their generated dispatch, driven the way MLAS drives it
+    (tests/c/mlas_driver.c: packing, thread ranges, M = 1 vs gemm routing), on ORT's inputs."""
+    from . import mlas_check
+    from .mlas_abi import COMPUTE_INT8
+
+    cases, meta = [], []
+    for g in d.groups:
+        for s, sym, bias in suite.dispatch_cases(g):
+            A, qw, b = suite.inputs(s, 4, sym)
+            cases.append(mlas_check.MlasCase(Case(A, qw, b if bias else None), g.compute))
+            meta.append((g, s, sym, bias))
+    rows = []
+    for vlen in vlens:
+        label = f"{compiler}/{vlen}"
+        t = time.perf_counter()
+        try:
+            exe = mlas_check.build(d, d.kernels[0].spec.source.file if d.kernels[0].spec.source else "<ort-check>",
+                                   compiler=compiler)
+            results = mlas_check.run(exe, cases, vlen=vlen)
+        except (ToolchainError, OSError) as e:
+            if log:
+                log(f"  dispatch {d.prefix} [{label}]: FAILED\n{e}")
+            results = None
+        for (g, s, sym, bias), c, r in zip(meta, cases, results or [None] * len(cases)):
+            plans = _group_plans(g)
+            level = _group_level(g)
+            if r is None:
+                v = Verdict(False, np.inf, np.inf, np.inf, tolerance_text(level), "build/run failed")
+            else:
+                v = compare_to_ort(r.C, suite.ort_y(s, 4, sym, bias, level), level, A=c.case.A, qw=c.case.qw,
+                                   bias=c.case.bias, status=r.status)
+                ime = any(p.spec.target == "ime" for p in plans)
+                if v.ok and ime and g.compute == COMPUTE_INT8 and r.vmadots == 0:
+                    v = Verdict(False, v.max_abs, v.max_rel, v.worst, v.tolerance, "IME kernels were not executed (no vmadot)")
+            rows.append(Row(s, 4, "symmetric" if sym else "asymmetric", bias, "fp32" if level == 0 else "int8",
+                            "+".join(p.name for p in plans),
+                            "mlas:" + "/".join(sorted({p.spec.target for p in plans})), label, v))
+        if log:
+            bad = sum(not x.verdict.ok for x in rows[-len(cases):])
+            log(f"  dispatch {d.prefix} [{label}]: {len(cases)} cases, {'ok' if not bad else f'{bad} FAILED'} "
+                f"({time.perf_counter() - t:.1f} s)")
+    return rows
 
 
 # ----------------------------------------------------------------------------- report

@@ -269,3 +269,20 @@ def test_orts_fp32_tolerance_is_not_k_safe():
     # and against ORT itself the same element needs the K-dependent bound
     v = oc.compare_to_ort(y[None, :], oc.run_ort(A, qw, bias, 0)[10:11], 0, A=A[10:11], qw=qw, bias=bias)
     assert v.ok and "K-bound" in v.tolerance
+
+
+@needs_ort
+@needs_tools
+def test_mlas_abi_kernels_run_through_their_dispatch(capsys):
+    # examples/ort_mlas.imegen: the kernels an ORT build with the imegen patch would call, driven the
+    # way MLAS drives them, on ORT's inputs, zero points and bias both ways (they arrive at run time).
+    from pathlib import Path
+
+    spec = Path(__file__).resolve().parent.parent / "examples" / "ort_mlas.imegen"
+    assert main(["ort-check", str(spec)]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if " mlas:" in line and " PASS" in line]
+    n_cases = 2 * sum(len(s.bias) for s in oc.fast_shapes() if s.block == 32)  # sym/asym x bias modes
+    assert len(rows) == 2 * n_cases  # CompFp32 and CompInt8 groups
+    assert any("fp32 (level 0)" in r and "mlas:rvv" in r for r in rows)
+    assert any("int8 (level 4)" in r and "mlas:ime" in r and "asym  yes" in r for r in rows)
