@@ -157,11 +157,17 @@ def ratio_table(res: BenchResult) -> tuple[str, list[str]]:
     for kind, items in ties.items():
         if items:
             r1 = [r for _, r in items]
-            notes.append(f"DRAM tie with {kind} on 4 cores ({len(items)} cases: "
-                         + ", ".join(f"{c.shape} M={c.M} b{c.block}" for c, _ in items)
-                         + f"): both kernels wait on DRAM and stream the same packed weights (every IME and RVV layout "
-                           f"stores fp32 scales and byte zero points), so they differ only in A-workspace bytes (<2%). "
-                           f"No tile config can change that; on 1 core imegen is {min(r1):.2f}x-{max(r1):.2f}x faster.")
+            notes.append(f"DRAM tie with {kind} ({len(items)} cases: " + ", ".join(f"{c.shape} M={c.M} b{c.block}" for c, _ in items)
+                         + f"): on 4 cores both are DRAM-bound in the model and move the same bytes within 2%; "
+                           f"on 1 core imegen is {min(r1):.2f}x-{max(r1):.2f}x faster.")
+    if any(c.M == DECODE_M for items in ties.values() for c, _ in items):
+        notes.append("Why decode ties: every layout the DSL can express (IME or RVV) stores the int4 codes with fp32 scales "
+                     "and one zero-point byte per column and block, so all kernels stream the same weight bytes and only "
+                     "the small A workspace differs; once DRAM binds, no tile config can be faster in this model.")
+    if any(c.M != DECODE_M for items in ties.values() for c, _ in items):
+        notes.append("Why a prefill case ties: the tuned config has the baseline's tile width, so the A workspace (larger "
+                     "than half the L2) is streamed from DRAM as many times; wider tiles stream it fewer times but split "
+                     "the few N tiles over 4 cores less evenly, which the model rates slower.")
     notes += [f"baseline faster: {x}" for x in losses]
     return format_table(head, body, right={1, 2, 4, 5}), notes
 
@@ -295,27 +301,25 @@ def plot(res: BenchResult, path: Path, p: x60.X60Params = x60.X60) -> Path | Non
         ax.plot(ai, [min(peak, a * bw / 1e9) for a in ai], "k" + style, lw=1, label=f"roofline: {label}")
     ax.axhline(peak, color="k", lw=0.5)
     ax.text(0.12, peak * 1.1, f"IME peak, {cores} cores: {peak:.0f} GOPS", fontsize=8)
-    markers = {"imegen": ("o", "tab:green"), "llama-4x16": ("s", "tab:blue"), "rvv-fp32": ("^", "tab:red")}
+    colors = {"imegen": "tab:green", "llama-4x16": "tab:blue", "rvv-fp32": "tab:red"}
+    m_markers = {m: mk for m, mk in zip(sorted({c.M for c in res.cases}), "o^sDv")}
     block = min(c.block for c in res.cases)
-    for kind in KINDS:
-        xs, ys = [], []
-        for r in res.rows:
-            if r.kind == kind and r.case.block == block:
-                c = r.case
-                xs.append(2 * c.M * c.N * c.K / x60.compulsory_bytes(c.M, c.N, c.K, c.block))
-                ys.append(r.ev.four_cores.gops)
-        ax.scatter(xs, ys, marker=markers[kind][0], color=markers[kind][1], label=f"{kind} (modeled)", zorder=3)
-    for c in res.cases:
-        if c.block == block:
-            e = res.get(c, "imegen")
-            ax.annotate(f"{c.shape} M={c.M}", (2 * c.M * c.N * c.K / x60.compulsory_bytes(c.M, c.N, c.K, c.block),
-                                              e.four_cores.gops), fontsize=6, xytext=(4, -8), textcoords="offset points")
+    for r in res.rows:
+        if r.case.block == block:
+            c = r.case
+            ax.scatter(2 * c.M * c.N * c.K / x60.compulsory_bytes(c.M, c.N, c.K, c.block), r.ev.four_cores.gops,
+                       marker=m_markers[c.M], color=colors[r.kind], s=28, zorder=3, alpha=0.85)
+    from matplotlib.lines import Line2D
+
+    handles = ax.get_legend_handles_labels()[0]
+    handles += [Line2D([], [], ls="", marker="o", color=colors[k], label=f"{k} (modeled)") for k in KINDS]
+    handles += [Line2D([], [], ls="", marker=m_markers[m], color="gray", label=f"M = {m}") for m in m_markers]
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (int8 ops per compulsory DRAM byte)")
     ax.set_ylabel(f"modeled GOPS, {cores} IME cores")
-    ax.set_title(f"Qwen2.5-0.5B MatMulNBits, int4 block {block}: modeled vs roofline")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"Qwen2.5-0.5B MatMulNBits shapes, int4 block {block}:\nmodeled GOPS vs roofline")
+    ax.legend(handles=handles, fontsize=7, loc="lower right")
     ax.grid(True, which="both", lw=0.3)
     if sums:
         ax = axes[0][1]
@@ -323,7 +327,7 @@ def plot(res: BenchResult, path: Path, p: x60.X60Params = x60.X60) -> Path | Non
         xs = range(len(sums))
         for i, kind in enumerate(KINDS):
             ax.bar([x + (i - 1) * width for x in xs], [s.decode_ms[kind] for s in sums], width,
-                   color=markers[kind][1], label=f"{kind} (modeled)")
+                   color=colors[kind], label=f"{kind} (modeled)")
         for i, s in enumerate(sums):
             ax.hlines(s.limit_effective_ms, i - 1.5 * width, i + 1.5 * width, colors="k", linestyles="-", lw=1)
             ax.hlines(s.limit_theoretical_ms, i - 1.5 * width, i + 1.5 * width, colors="k", linestyles=":", lw=1)
@@ -334,18 +338,20 @@ def plot(res: BenchResult, path: Path, p: x60.X60Params = x60.X60) -> Path | Non
         ax.set_xticks(list(xs), [f"block {s.block}" for s in sums])
         ax.set_ylabel("ms per token (decode, M=1, MatMulNBits only)")
         ax.set_title("Decode: modeled ms/token on 4 IME cores")
-        ax.legend(fontsize=7)
+        ax.set_ylim(0, 1.75 * max(PUBLISHED.values()))
+        ax.legend(fontsize=6.5, loc="upper left")
         ax = axes[0][2]
         M = PREFILL_M[-1]
         for i, kind in enumerate(KINDS):
             ax.bar([x + (i - 1) * width for x in xs], [s.prefill_tps[M][kind] for s in sums], width,
-                   color=markers[kind][1], label=f"{kind} (modeled)")
+                   color=colors[kind], label=f"{kind} (modeled)")
         ax.axhline(PUBLISHED_PP512_TPS, color="gray", ls="-.", lw=1,
                    label=f"published: llama.cpp Q4_0 pp512 {PUBLISHED_PP512_TPS} tok/s")
         ax.set_xticks(list(xs), [f"block {s.block}" for s in sums])
         ax.set_ylabel(f"tokens/s (prefill M={M}, MatMulNBits only)")
         ax.set_title(f"Prefill M={M}: modeled tokens/s on 4 IME cores")
-        ax.legend(fontsize=7)
+        ax.set_ylim(0, 1.35 * max(s.prefill_tps[M][k] for s in sums for k in KINDS))
+        ax.legend(fontsize=7, loc="upper left")
     fig.text(0.5, 0.005, "All imegen/baseline figures are MODELED (X60 cost model over QEMU-counted instructions), "
              "not measured on hardware.", ha="center", fontsize=8)
     fig.tight_layout(rect=(0, 0.02, 1, 1))
