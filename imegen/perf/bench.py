@@ -254,6 +254,10 @@ def report(res: BenchResult, refused_note: bool = True) -> str:
     ]
     if not_beaten:
         parts += ["", "Where the tuned config does not clearly beat a baseline on 4 cores:", *("  " + n for n in not_beaten)]
+    unknown = [r for r in res.rows if r.ev.counts.get("vtype_unknown", 0)]
+    parts += ["", "vtype: every vector instruction ran under a vtype the plugin decoded (no register-operand vsetvl)."
+              if not unknown else f"WARNING: {len(unknown)} rows executed vsetvl with a register vtype; the plugin assumed "
+              "LMUL = 1 after it, so their vector occupancy is approximate."]
     parts += ["", summary_text(res)]
     if refused_note:
         parts += ["", f"Tuner: {res.tuned.evaluated} configs measured, {len(res.tuned.refused)} refused by the "
