@@ -6,7 +6,7 @@
  * Config: op=gemv bits=4 block=32 zero_point=asymmetric bias=no compute=int8 target=ime vlen=256 tile=1x16 k_unroll=4 unpack=interleaved panel=32 scales=inline abi=imegen
  * Packed B: panels of 32 columns; per (panel, block) 512 data bytes,
  *           128 scale bytes, 32 zero-point bytes (inline).
- * Vector registers: int32 accumulators 8, A tiles 2, B tiles 16.
+ * Vector registers: int32 accumulators 8, A tiles 2, B tiles 16, fold temporaries 0.
  */
 #include "q4_decode_ime.h"
 
@@ -153,14 +153,24 @@ static q4_decode_ime_aview q4_decode_ime_aview_of(const void *workspace, size_t 
     return (q4_decode_ime_aview){ (const int8_t *)workspace, scale, (const int32_t *)(scale + Mpad * (Kpad / BLK)), Kpad / BLK, Kpad };
 }
 
-static float q4_decode_ime_qa_scale(const q4_decode_ime_aview *av, size_t row, size_t blk)
+static const float *q4_decode_ime_qa_scale_at(const q4_decode_ime_aview *av, size_t row, size_t blk)
 {
-    return av->scale[row * av->kb + blk];
+    return av->scale + row * av->kb + blk;
 }
 
-static int32_t q4_decode_ime_qa_sum(const q4_decode_ime_aview *av, size_t row, size_t blk)
+static size_t q4_decode_ime_qa_scale_stride(const q4_decode_ime_aview *av)
 {
-    return av->sum[row * av->kb + blk];
+    return av->kb * sizeof(float);
+}
+
+static const int32_t *q4_decode_ime_qa_sum_at(const q4_decode_ime_aview *av, size_t row, size_t blk)
+{
+    return av->sum + row * av->kb + blk;
+}
+
+static size_t q4_decode_ime_qa_sum_stride(const q4_decode_ime_aview *av)
+{
+    return av->kb * sizeof(int32_t);
 }
 
 /* Start of the A tiles the asm loop walks for rows m0.. and block blk. */
@@ -169,20 +179,27 @@ static const int8_t *q4_decode_ime_qa_tile(const q4_decode_ime_aview *av, size_t
     return av->qa + m0 * (av->Kpad + 32) + blk * BLK;
 }
 
+/* vrgather indices spreading 4 per-column (lane % 4) or 4 per-row (lane / 4) values over a 4x4 tile. */
+static const uint32_t q4_decode_ime_fold_index[32] = {
+0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 
+0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3
+};
+
 static void q4_decode_ime_tile(const q4_decode_ime_aview *av, const q4_decode_ime_bview *bv, size_t m0, size_t kb, size_t n0,
     size_t rows, size_t cols, const float *bias, float *c, size_t ldc)
 {
     const size_t p = n0 / NB, c0 = n0 % NB;
-    float acc[TM][TN] = {{0}};
-    int32_t dot[64]; /* [mi][ni] 4x4 row-major vmadot tiles */
-size_t row[TM];
-    for (size_t i = 0; i < TM; i++)
-        row[i] = m0 + (i < rows ? i : 0);
+    float facc[64] = {0}; /* [mi][ni] 4x4 tiles, row-major: the vmadot accumulator layout */
     (void)bias;
+    /* Byte strides between the A rows' block scales and sums; one live row: every lane reads row 0. */
+    const size_t rows_apart = 0;
+    const size_t sas = rows_apart * q4_decode_ime_qa_scale_stride(av), ass = rows_apart * q4_decode_ime_qa_sum_stride(av);
     for (size_t blk = 0; blk < kb; blk++) {
         const q4_decode_ime_chunk ch = q4_decode_ime_chunk_at(bv, p, blk, kb);
         const int8_t *a = q4_decode_ime_qa_tile(av, m0, blk);
         const uint8_t *b = ch.data + c0 / 4 * 32;
+        const float *sa = q4_decode_ime_qa_scale_at(av, m0, blk);
+        const int32_t *as = q4_decode_ime_qa_sum_at(av, m0, blk);
         size_t n = 1;
         __asm__ volatile(
             "vsetvli t0, zero, e32, m2, ta, ma\n\t"
@@ -244,30 +261,101 @@ size_t row[TM];
             "addi %[a], %[a], 32\n\t"
             "addi %[n], %[n], -1\n\t"
             "bnez %[n], 1b\n\t"
-            "vsetvli t0, zero, e32, m2, ta, ma\n\t"
-            "addi t1, %[out], 0\n\t"
-            "vse32.v v0, (t1)\n\t"
-            "addi t1, %[out], 64\n\t"
-            "vse32.v v2, (t1)\n\t"
-            "addi t1, %[out], 128\n\t"
-            "vse32.v v4, (t1)\n\t"
-            "addi t1, %[out], 192\n\t"
-            "vse32.v v6, (t1)\n\t"
-            /* early-clobber: the loop writes a, b, n before it has read every input */
-            : [a] "+&r"(a), [b] "+&r"(b), [n] "+&r"(n)
-            : [out] "r"(dot), [bstride] "r"((size_t)256)            : "t0", "t1", "memory" IMEGEN_VCLOBBERS("v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25"));
-        for (size_t mi = 0; mi < 1; mi++)
-            for (size_t ni = 0; ni < 4; ni++)
-                for (size_t r = 0; r < 1; r++)
-                    for (size_t q = 0; q < 4; q++) {
-                        const size_t i = mi * 4 + r, j = ni * 4 + q;
-                        const int32_t d = dot[(mi * 4 + ni) * 16 + r * 4 + q] - (int)ch.zp[c0 + j] * q4_decode_ime_qa_sum(av, row[i], blk);
-                        acc[i][j] += (float)(d) * (q4_decode_ime_qa_scale(av, row[i], blk) * ch.scales[c0 + j]);
-                    }
+            /* fold */
+            "vsetivli zero, 16, e32, m2, ta, ma\n\t"
+            "vle32.v v8, (%[idx])\n\t" /* lane -> column q */
+            "addi t1, %[idx], 64\n\t"
+            "vle32.v v10, (t1)\n\t" /* lane -> row r */
+            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
+            "vlse32.v v16, (%[sa]), %[sas]\n\t" /* A scales, rows 0..3 */
+            "vlse32.v v20, (%[as]), %[ass]\n\t" /* A block sums */
+            "add %[sa], %[sa], %[sa4]\n\t"
+            "add %[as], %[as], %[as4]\n\t"
+            "vsetivli zero, 16, e32, m2, ta, ma\n\t"
+            "vrgather.vv v12, v16, v10\n\t"
+            "vrgather.vv v14, v20, v10\n\t"
+            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
+            "addi t1, %[sb], 0\n\t"
+            "vle32.v v16, (t1)\n\t" /* B scales, cols 0..3 */
+            "addi t1, %[zp], 0\n\t"
+            "vsetivli zero, 4, e8, mf2, ta, ma\n\t"
+            "vle8.v v22, (t1)\n\t" /* B zero points */
+            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
+            "vzext.vf4 v20, v22\n\t"
+            "vsetivli zero, 16, e32, m2, ta, ma\n\t"
+            "vrgather.vv v18, v16, v8\n\t"
+            "vrgather.vv v22, v20, v8\n\t"
+            "vnmsac.vv v0, v22, v14\n\t" /* dot -= zp * sum_a */
+            "vfcvt.f.x.v v0, v0\n\t"
+            "vfmul.vv v20, v12, v18\n\t" /* scale_a * scale_b */
+            "addi t1, %[facc], 0\n\t"
+            "vle32.v v22, (t1)\n\t"
+            "vfmacc.vv v22, v0, v20\n\t"
+            "vse32.v v22, (t1)\n\t"
+            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
+            "addi t1, %[sb], 16\n\t"
+            "vle32.v v16, (t1)\n\t" /* B scales, cols 4..7 */
+            "addi t1, %[zp], 4\n\t"
+            "vsetivli zero, 4, e8, mf2, ta, ma\n\t"
+            "vle8.v v22, (t1)\n\t" /* B zero points */
+            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
+            "vzext.vf4 v20, v22\n\t"
+            "vsetivli zero, 16, e32, m2, ta, ma\n\t"
+            "vrgather.vv v18, v16, v8\n\t"
+            "vrgather.vv v22, v20, v8\n\t"
+            "vnmsac.vv v2, v22, v14\n\t" /* dot -= zp * sum_a */
+            "vfcvt.f.x.v v2, v2\n\t"
+            "vfmul.vv v20, v12, v18\n\t" /* scale_a * scale_b */
+            "addi t1, %[facc], 64\n\t"
+            "vle32.v v22, (t1)\n\t"
+            "vfmacc.vv v22, v2, v20\n\t"
+            "vse32.v v22, (t1)\n\t"
+            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
+            "addi t1, %[sb], 32\n\t"
+            "vle32.v v16, (t1)\n\t" /* B scales, cols 8..11 */
+            "addi t1, %[zp], 8\n\t"
+            "vsetivli zero, 4, e8, mf2, ta, ma\n\t"
+            "vle8.v v22, (t1)\n\t" /* B zero points */
+            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
+            "vzext.vf4 v20, v22\n\t"
+            "vsetivli zero, 16, e32, m2, ta, ma\n\t"
+            "vrgather.vv v18, v16, v8\n\t"
+            "vrgather.vv v22, v20, v8\n\t"
+            "vnmsac.vv v4, v22, v14\n\t" /* dot -= zp * sum_a */
+            "vfcvt.f.x.v v4, v4\n\t"
+            "vfmul.vv v20, v12, v18\n\t" /* scale_a * scale_b */
+            "addi t1, %[facc], 128\n\t"
+            "vle32.v v22, (t1)\n\t"
+            "vfmacc.vv v22, v4, v20\n\t"
+            "vse32.v v22, (t1)\n\t"
+            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
+            "addi t1, %[sb], 48\n\t"
+            "vle32.v v16, (t1)\n\t" /* B scales, cols 12..15 */
+            "addi t1, %[zp], 12\n\t"
+            "vsetivli zero, 4, e8, mf2, ta, ma\n\t"
+            "vle8.v v22, (t1)\n\t" /* B zero points */
+            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
+            "vzext.vf4 v20, v22\n\t"
+            "vsetivli zero, 16, e32, m2, ta, ma\n\t"
+            "vrgather.vv v18, v16, v8\n\t"
+            "vrgather.vv v22, v20, v8\n\t"
+            "vnmsac.vv v6, v22, v14\n\t" /* dot -= zp * sum_a */
+            "vfcvt.f.x.v v6, v6\n\t"
+            "vfmul.vv v20, v12, v18\n\t" /* scale_a * scale_b */
+            "addi t1, %[facc], 192\n\t"
+            "vle32.v v22, (t1)\n\t"
+            "vfmacc.vv v22, v6, v20\n\t"
+            "vse32.v v22, (t1)\n\t"
+            /* early-clobber: the asm writes these before it has read every input */
+            : [a] "+&r"(a), [b] "+&r"(b), [n] "+&r"(n), [sa] "+&r"(sa), [as] "+&r"(as)
+            : [bstride] "r"((size_t)256), [facc] "r"(facc), [idx] "r"(q4_decode_ime_fold_index),
+              [sb] "r"(ch.scales + c0), [zp] "r"(ch.zp + c0),
+              [sas] "r"(sas), [ass] "r"(ass), [sa4] "r"(4 * sas), [as4] "r"(4 * ass)
+            : "t0", "t1", "memory" IMEGEN_VCLOBBERS("v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25"));
     }
     for (size_t i = 0; i < rows; i++)
         for (size_t j = 0; j < cols; j++)
-            c[i * ldc + j] = acc[i][j];
+            c[i * ldc + j] = facc[(i / 4 * 4 + j / 4) * 16 + i % 4 * 4 + j % 4];
 }
 
 int q4_decode_ime_matmul(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *packed_b,

@@ -6,7 +6,7 @@
  * Config: op=gemv bits=4 block=32 zero_point=asymmetric bias=no compute=int8 target=ime vlen=256 tile=1x16 k_unroll=4 unpack=interleaved panel=32 scales=inline abi=imegen
  * Packed B: panels of 32 columns; per (panel, block) 512 data bytes,
  *           128 scale bytes, 32 zero-point bytes (inline).
- * Vector registers: int32 accumulators 8, A tiles 2, B tiles 16.
+ * Vector registers: int32 accumulators 8, A tiles 2, B tiles 16, fold temporaries 0.
  */
 #ifndef IMEGEN_Q4_DECODE_IME_H
 #define IMEGEN_Q4_DECODE_IME_H

@@ -102,6 +102,8 @@ def explain(plan: KernelPlan) -> str:
                   + ", ".join(f"{n} {k}" for k, n in sorted(mix.items())),
                   "  inner loop:"]
         lines += [f"    {op.text:<28} {('# ' + op.comment) if op.comment else ''}".rstrip() for op in I.body]
+        lines.append(f"  block fold ({len(I.fold)} instructions, after the loop):")
+        lines += [f"    {op.text:<28} {('# ' + op.comment) if op.comment else ''}".rstrip() for op in I.fold]
     return "\n".join(lines)
 
 

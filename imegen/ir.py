@@ -15,6 +15,7 @@ from .parse import Block, Setting, parse_file, parse_text
 
 VECTOR_REGISTERS = 32
 IME_VLEN = 256  # K1/X60: vmadot's 4x8x4 int8 tile is defined for VLEN=256 only.
+IME_FOLD_REGS = 16  # the per-block vector fold: 8 even register pairs (see plan._ime_fold)
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,11 @@ def register_budget(spec: KernelSpec) -> dict[str, int]:
             a_regs = 1 if spec.k_unroll == 1 else 2 * -(-spec.k_unroll // 4)
         else:
             a_regs = ma * spec.k_unroll
-        return {"int32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": na * spec.k_unroll}
+        b_regs = na * spec.k_unroll
+        # After the k loop the A/B registers are dead and the vector fold (fp32 scaling, zero-point
+        # correction) needs 8 register pairs of its own: count whichever phase needs more.
+        return {"int32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": b_regs,
+                "fold temporaries": max(0, IME_FOLD_REGS - a_regs - b_regs)}
     if spec.target == "rvv":
         if spec.compute == "fp32":
             l32 = lmul_for(spec.tile_n * 32, spec.vlen)

@@ -54,6 +54,7 @@ class ImePlan:
     b_stride: int  # bytes between consecutive 8-k (8-bit) or 16-k (4-bit) groups of a panel
     clobbers: tuple[str, ...]
     vmadots_per_tile_block: int
+    fold: tuple[AsmOp, ...]  # after the loop: acc pairs -> fp32, zero-point fix, scale, add into facc
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,8 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     b_groups = ku // 2 if spec.bits == 4 else ku
     b_reg = [[take(1) for _ in range(na)] for _ in range(b_groups)]
     b_lo = [[take(1) for _ in range(na)] for _ in range(b_groups)] if spec.bits == 4 else None
-    assert next_reg == sum(register_budget(spec).values()) <= 32, "budget and allocation disagree"
+    assert next_reg + register_budget(spec)["fold temporaries"] == sum(register_budget(spec).values()) <= 32, \
+        "budget and allocation disagree"
 
     ops: list[AsmOp] = []
 
@@ -218,13 +220,53 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
                 ops.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic(IME_SIGNEDNESS, slide)} v{vd}, v{vs1}, v{vs2}"))
     a_step = ku * 8 if (gemv or spec.abi == "mlas") else ku * ma * 32
     ops.append(AsmOp("addi", f"addi %[a], %[a], {a_step}"))
+    fold = _ime_fold(spec, acc)
+    n_regs = sum(register_budget(spec).values())  # loop and fold both allocate upwards from v0
     return ImePlan(
-        ma=ma, na=na, acc_regs=acc, body=tuple(ops),
+        ma=ma, na=na, acc_regs=acc, body=tuple(ops), fold=fold,
         iterations_per_block=spec.block // (8 * ku), a_bytes_per_iteration=a_step,
         b_stride=spec.panel * 8,  # a panel's B tiles for one 16-k (4-bit) or 8-k (8-bit) group
-        clobbers=tuple(f"v{r}" for r in range(next_reg)),
+        clobbers=tuple(f"v{r}" for r in range(n_regs)),
         vmadots_per_tile_block=(spec.block // 8) * ma * na,
     )
+
+
+def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp, ...]:
+    """Per block, on the int32 accumulator pairs (16 lanes = a 4x4 tile, lane 4r+q):
+    facc += float(dot - zp[q] * sum_a[r]) * (scale_a[r] * scale_b[q]).
+
+    Row and column values are loaded 4 at a time and spread over the 16 lanes with vrgather
+    (index tables: lane -> q and lane -> r). All fold registers are even pairs (LMUL 2) outside
+    the accumulators; the A/B registers of the loop are dead by now and are reused."""
+    taken = {r for row in acc for r in row}
+    pairs = iter(r for r in range(0, 32, 2) if r not in taken)
+    IDXC, IDXR, SA, AS, X4, SB, Y, ZP = (next(pairs) for _ in range(8))
+    asym = spec.zero_point == "asymmetric"
+    vs = lambda n, sew="e32", lmul="m2": AsmOp("vset", f"vsetivli zero, {n}, {sew}, {lmul}, ta, ma")  # noqa: E731
+    ops = [vs(16), AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q"),
+           AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{IDXR}, (t1)", "lane -> row r")]
+    for mi, row in enumerate(acc):
+        ops += [vs(4), AsmOp("vlse32", f"vlse32.v v{X4}, (%[sa]), %[sas]", f"A scales, rows {4 * mi}..{4 * mi + 3}"),
+                AsmOp("vlse32", f"vlse32.v v{Y}, (%[as]), %[ass]", "A block sums"),
+                AsmOp("add", "add %[sa], %[sa], %[sa4]"), AsmOp("add", "add %[as], %[as], %[as4]"), vs(16),
+                AsmOp("vrgather", f"vrgather.vv v{SA}, v{X4}, v{IDXR}"), AsmOp("vrgather", f"vrgather.vv v{AS}, v{Y}, v{IDXR}")]
+        for ni, vd in enumerate(row):
+            ops += [vs(4), AsmOp("addi", f"addi t1, %[sb], {ni * 16}"), AsmOp("vle32", f"vle32.v v{X4}, (t1)", f"B scales, cols {4 * ni}..{4 * ni + 3}")]
+            if asym:
+                ops += [AsmOp("addi", f"addi t1, %[zp], {ni * 4}"), vs(4, "e8", "mf2"),
+                        AsmOp("vle8", f"vle8.v v{ZP}, (t1)", "B zero points"), vs(4),
+                        AsmOp("vzext", f"vzext.vf4 v{Y}, v{ZP}")]
+            ops += [vs(16), AsmOp("vrgather", f"vrgather.vv v{SB}, v{X4}, v{IDXC}")]
+            if asym:
+                ops += [AsmOp("vrgather", f"vrgather.vv v{ZP}, v{Y}, v{IDXC}"),
+                        AsmOp("vnmsac", f"vnmsac.vv v{vd}, v{ZP}, v{AS}", "dot -= zp * sum_a")]
+            else:
+                ops += [AsmOp("vnmsac", f"vnmsac.vx v{vd}, %[zpc], v{AS}", "dot -= zp * sum_a")]
+            off = (mi * len(row) + ni) * 64
+            ops += [AsmOp("vfcvt", f"vfcvt.f.x.v v{vd}, v{vd}"), AsmOp("vfmul", f"vfmul.vv v{Y}, v{SA}, v{SB}", "scale_a * scale_b"),
+                    AsmOp("addi", f"addi t1, %[facc], {off}"), AsmOp("vle32", f"vle32.v v{ZP}, (t1)"),
+                    AsmOp("vfmacc", f"vfmacc.vv v{ZP}, v{vd}, v{Y}"), AsmOp("vse32", f"vse32.v v{ZP}, (t1)")]
+    return tuple(ops)
 
 
 def plan_kernel(spec: KernelSpec) -> KernelPlan:

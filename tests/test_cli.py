@@ -35,10 +35,12 @@ def test_explain_ime_shows_register_map_and_inner_loop(capsys):
     code, out, err = run(capsys, "explain", str(EXAMPLE), "-k", "q4_decode_ime")
     assert code == 0 and err == ""
     assert out.startswith("kernel q4_decode_ime\n")
-    assert "registers   int32 accumulators 8, A tiles 2, B tiles 16 = 26 of 32" in out
+    assert "registers   int32 accumulators 8, A tiles 2, B tiles 16, fold temporaries 0 = 26 of 32" in out
     assert "int32 accumulator pairs v0-v1, v2-v3, v4-v5, v6-v7" in out
     assert "  inner loop:\n" in out
-    loop = out.split("  inner loop:\n", 1)[1].splitlines()
+    loop, fold = out.split("  inner loop:\n", 1)[1].split("  block fold (", 1)
+    loop = loop.splitlines()
+    assert "vfmacc.vv" in fold and "vrgather.vv" in fold
     assert any(line.strip().startswith("vle8.v v8, (%[a])") for line in loop)
     vmadots = [line for line in loop if ".word 0x" in line]
     assert len(vmadots) == 16

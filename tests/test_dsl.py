@@ -148,7 +148,7 @@ def test_block_multiple_of_k_step():
 def test_register_budget_over_32():
     e = assert_error(kernel(*IME, "op = gemm", "tile = 8x16", "k_unroll = 4"), "5:3",
                      "tile 8x16 with k_unroll 4", "needs 40 vector registers",
-                     "(int32 accumulators 16, A tiles 8, B tiles 16)")
+                     "(int32 accumulators 16, A tiles 8, B tiles 16, fold temporaries 0)")
     assert e.message.endswith("> 32")
     spec = KernelSpec("k", target="ime", compute="int8", op="gemm", tile_m=8, tile_n=16, k_unroll=4, vlen=256)
     assert sum(register_budget(spec).values()) == 40
