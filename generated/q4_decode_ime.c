@@ -98,9 +98,32 @@ size_t q4_decode_ime_workspace_size(size_t M, size_t K)
     return q4_decode_ime_qa_bytes(M, kb * BLK) + Mpad * kb * (sizeof(float) + sizeof(int32_t));
 }
 
+#if defined(__riscv_vector) && __has_include(<riscv_vector.h>)
+#include <riscv_vector.h>
+#define Q4_DECODE_IME_VECTOR_QUANTIZE 1
+#endif
+
 /* MLAS CompInt8 quantization of one block of A: scale = max|a| / 127, q = round-half-away(a / scale). */
 static float q4_decode_ime_quantize_block(const float *x, size_t n, int8_t *q)
 {
+#ifdef Q4_DECODE_IME_VECTOR_QUANTIZE
+    vfloat32m1_t red = __riscv_vfmv_s_f_f32m1(0.0f, 1);
+    for (size_t k = 0, vl; k < n; k += vl) {
+        vl = __riscv_vsetvl_e32m8(n - k);
+        red = __riscv_vfredmax_vs_f32m8_f32m1(__riscv_vfabs_v_f32m8(__riscv_vle32_v_f32m8(x + k, vl), vl), red, vl);
+    }
+    const float amax = __riscv_vfmv_f_s_f32m1_f32(red);
+    const float scale = amax / 127.0f;
+    const float rs = scale != 0.0f ? 1.0f / scale : 0.0f;
+    for (size_t k = 0, vl; k < n; k += vl) {
+        vl = __riscv_vsetvl_e32m8(n - k);
+        /* RMM = round to nearest, ties away from zero: roundf's rule */
+        vint32m8_t v = __riscv_vfcvt_x_f_v_i32m8_rm(__riscv_vfmul_vf_f32m8(__riscv_vle32_v_f32m8(x + k, vl), rs, vl), __RISCV_FRM_RMM, vl);
+        v = __riscv_vmin_vx_i32m8(__riscv_vmax_vx_i32m8(v, -128, vl), 127, vl);
+        __riscv_vse8_v_i8m2(q + k, __riscv_vncvt_x_x_w_i8m2(__riscv_vncvt_x_x_w_i16m4(v, vl), vl), vl);
+    }
+    return scale;
+#else
     float amax = 0.0f;
     for (size_t k = 0; k < n; k++)
         amax = fmaxf(amax, fabsf(x[k]));
@@ -113,6 +136,7 @@ static float q4_decode_ime_quantize_block(const float *x, size_t n, int8_t *q)
     for (size_t k = 0; k < n; k++)
         q[k] = (int8_t)fminf(fmaxf(roundf(x[k] * rs), -128.0f), 127.0f);
     return scale;
+#endif
 }
 
 /* Quantize A per row and block into the kernel's A layout, with per-block scales and sums. */
