@@ -173,11 +173,18 @@ int q4_prefill_rvv_matmul(size_t M, size_t N, size_t K, const float *A, size_t l
     const q4_prefill_rvv_bview bv = { .packed = packed_b, .nchunks = (N + NB - 1) / NB * kb };
     q4_prefill_rvv_prepare_a(M, K, A, lda, workspace);
     const q4_prefill_rvv_aview av = q4_prefill_rvv_aview_of(workspace, M, Kpad);
-    for (size_t n0 = 0; n0 < N; n0 += TN) {
-        const size_t cols = N - n0 < TN ? N - n0 : TN;
-        for (size_t m0 = 0; m0 < M; m0 += TM) {
-            const size_t rows = M - m0 < TM ? M - m0 : TM;
-            q4_prefill_rvv_tile(&av, &bv, m0, kb, n0, rows, cols, bias + n0, C + m0 * ldc + n0, ldc);
+    /* M blocks of mc rows whose workspace rows fit 262144 bytes (half the L2): all N tiles
+     * reuse them from cache, and B streams once per block. */
+    const size_t row_bytes = q4_prefill_rvv_workspace_size(TM, K) / TM;
+    const size_t mc = 262144 / row_bytes / TM * TM > TM ? 262144 / row_bytes / TM * TM : TM;
+    for (size_t mb = 0; mb < M; mb += mc) {
+        const size_t m1 = M - mb < mc ? M : mb + mc;
+        for (size_t n0 = 0; n0 < N; n0 += TN) {
+            const size_t cols = N - n0 < TN ? N - n0 : TN;
+            for (size_t m0 = mb; m0 < m1; m0 += TM) {
+                const size_t rows = M - m0 < TM ? M - m0 : TM;
+                q4_prefill_rvv_tile(&av, &bv, m0, kb, n0, rows, cols, bias + n0, C + m0 * ldc + n0, ldc);
+            }
         }
     }
     return IMEGEN_OK;

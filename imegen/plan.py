@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from .ime_encoding import encode_vmadot, mnemonic
 from .ir import KernelSpec, lmul_for, register_budget
 
+# M blocking: the rows of A's workspace one pass over all N tiles reuses stay within half the K1's
+# 512 KB L2, so A is read from L2 (and the packed B streamed once per M block) instead of A
+# streaming from DRAM once per N tile.
+A_BLOCK_BYTES = 256 * 1024
 IME_SIGNEDNESS = "su"  # A int8 signed x B raw unsigned codes; zero points are folded in the epilogue.
 
 
@@ -83,6 +87,7 @@ class KernelPlan:
     rvv: RvvTypes | None
     ime: ImePlan | None
     budget: dict
+    a_block_bytes: int = A_BLOCK_BYTES
 
     @property
     def name(self) -> str:

@@ -34,10 +34,9 @@ vector issue, vector LSU, VIEU, VFP and IME. Dependencies, latencies, branch mis
 cache-miss stalls are NOT modeled, so core time is optimistic for code with long dependency
 chains. Kernel time = max(core time, DRAM time): transfers overlap computation perfectly.
 
-DRAM traffic of one matmul call (kernel.c.j2's loop order: N tiles outer, M tiles inner, no
-cache blocking): the packed B once; A (fp32) read once; the A workspace written once, and read
-back from DRAM once per N tile when it is larger than half the L2 (otherwise it stays in L2);
-C written once. L1/L2 bandwidth is not modeled.
+DRAM traffic of one matmul call (abi_imegen.c.j2's loop order: M blocks whose workspace rows fit
+half the L2, then N tiles, then M tiles): the packed B once per M block; A (fp32) read once; the A
+workspace written once and re-read from L2; C written once. L1/L2 bandwidth is not modeled.
 
 Roofline: max(2MNK / IME peak of the cores used, compulsory bytes / 5.24 GB/s), compulsory
 bytes = the weights in ONNX Runtime's MatMulNBits format (int4 codes, fp32 scales, 4-bit packed
@@ -198,16 +197,16 @@ def workspace_bytes(plan: KernelPlan, M: int, K: int) -> int:
 @dataclass(frozen=True)
 class Traffic:
     dram: float  # bytes between DRAM and the chip
-    workspace_rereads: int  # times the A workspace is streamed back from DRAM (0: it stays in L2)
+    b_passes: int  # times the packed B streams from DRAM: once per M block
 
 
 def dram_traffic(plan: KernelPlan, M: int, N: int, K: int, p: X60Params = X60) -> Traffic:
     """DRAM bytes of one matmul call (see the module docstring)."""
-    nt = -(-N // plan.spec.tile_n)
-    ws = workspace_bytes(plan, M, K)
-    rereads = 0 if ws <= p.l2_bytes // 2 else nt
-    dram = packed_b_bytes(plan, N, K) + 4 * M * K + ws * (1 + rereads) + 4 * M * N
-    return Traffic(float(dram), rereads)
+    tm = plan.spec.tile_m
+    mc = max(tm, plan.a_block_bytes // (workspace_bytes(plan, tm, K) // tm) // tm * tm)  # mirrors the kernel's mc
+    passes = -(-M // mc)
+    dram = packed_b_bytes(plan, N, K) * passes + 4 * M * K + workspace_bytes(plan, M, K) + 4 * M * N
+    return Traffic(float(dram), passes)
 
 
 # ---------------------------------------------------------------------------------------------
