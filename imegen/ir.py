@@ -36,6 +36,7 @@ class KernelSpec:
     panel: int = 16  # packed-B column panel width
     scales: str = "inline"  # scales/zero points: inline (ahead of each panel block) | separate | ort (raw ORT arrays)
     abi: str = "imegen"  # imegen (NAME_matmul) | mlas (ORT MLAS QNBitGemm dispatch entry points)
+    scale_type: str = "fp32"  # packed-B scales: fp32 (ORT's) | fp16 (half the scale bytes, int8 compute only)
     source: Span | None = field(default=None, compare=False)
 
     def describe(self) -> str:
@@ -45,7 +46,7 @@ class KernelSpec:
             f"op={self.op} bits={self.bits} block={self.block} zero_point={self.zero_point} "
             f"bias={'yes' if self.bias else 'no'} compute={self.compute} target={self.target}{vlen} "
             f"tile={self.tile_m}x{self.tile_n} k_unroll={self.k_unroll} unpack={self.unpack} "
-            f"panel={self.panel} scales={self.scales} abi={self.abi}"
+            f"panel={self.panel} scales={self.scales} scale_type={self.scale_type} abi={self.abi}"
         )
 
 
@@ -65,6 +66,7 @@ _CHOICES: dict[str, tuple[str, object]] = {
     "panel": ("panel", int),
     "scales": ("scales", ("inline", "separate")),
     "abi": ("abi", ("imegen", "mlas")),
+    "scale_type": ("scale_type", ("fp32", "fp16")),
 }
 
 MLAS_N_ALIGN = 16  # MLAS_QGEMM_STRIDEN_THREAD_ALIGN: MLAS hands kernels column ranges starting at multiples of 16
@@ -171,6 +173,12 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
                    "and interleaved nibbles would need A's k order permuted to match the unpacked B tiles")
         # Zero points and bias arrive (or not) at run time; the kernels handle both.
         spec = replace(spec, zero_point="asymmetric", bias=False, scales="ort")
+    if spec.scale_type == "fp16":
+        if spec.abi == "mlas":
+            refuse("scale_type", "abi mlas reads ORT's fp32 scale array; fp16 scales need abi = imegen")
+        if spec.compute != "int8":
+            refuse("scale_type", "fp16 scales (11-bit mantissa) put fp32-compute results outside ORT's accuracy_level 0/1 "
+                   "tolerance; use them with compute = int8")
     if spec.op == "gemv" and spec.tile_m != 1:
         refuse("tile", f"a gemv kernel computes one row at a time, so its tile must be 1xN, not {spec.tile_m}x{spec.tile_n}")
     if spec.panel % spec.tile_n:

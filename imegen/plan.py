@@ -115,7 +115,7 @@ def _rvv_types(spec: KernelSpec) -> RvvTypes:
 def _pack_layout(spec: KernelSpec) -> PackLayout:
     np_, blk = spec.panel, spec.block
     stored = spec.scales != "ort"  # abi mlas reads ORT's raw scale/zero-point arrays instead
-    scale_bytes = 4 * np_ if stored else 0
+    scale_bytes = (2 if spec.scale_type == "fp16" else 4) * np_ if stored else 0
     zp_bytes = -(-np_ // 4) * 4 if stored and spec.zero_point == "asymmetric" else 0  # keep data 4-byte aligned
     inline = spec.scales == "inline"
     if spec.target == "ime":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +131,8 @@ def run_cases(b: Build, cases: list[Case], *, vlen: int | None = 256) -> list[Re
 def oracle(plan: KernelPlan, case: Case) -> tuple[np.ndarray, np.ndarray]:
     """Reference output (float64) and a per-element error bound for this kernel's compute type."""
     bias_mag = np.abs(case.bias).astype(np.float64) if case.bias is not None else 0.0
+    if plan.spec.scale_type == "fp16":  # the kernel computes with its packed, fp16-rounded scales
+        case = replace(case, qw=replace(case.qw, scales=case.qw.scales.astype(np.float16).astype(np.float32)))
     if plan.spec.compute == "fp32":
         Y = ref.matmul_nbits(case.A, case.qw, case.bias)
         W = ref.dequantize(case.qw)

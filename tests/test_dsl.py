@@ -223,3 +223,14 @@ def test_example_validates():
     for s in specs:
         assert s.source is not None and s.source.file == str(EXAMPLE)
         assert sum(register_budget(s).values()) <= 32
+
+
+def test_fp16_scales_need_int8_compute_and_imegen_abi():
+    from imegen.errors import SpecError
+    from imegen.ir import specs_from_text
+
+    with pytest.raises(SpecError, match="outside ORT's accuracy_level 0/1 tolerance"):
+        specs_from_text("kernel a { compute = fp32  scale_type = fp16 }")
+    with pytest.raises(SpecError, match="fp16 scales need abi = imegen"):
+        specs_from_text("kernel a { abi = mlas  compute = int8  scale_type = fp16 }")
+    assert specs_from_text("kernel a { compute = int8  scale_type = fp16 }")[0].scale_type == "fp16"

@@ -39,6 +39,7 @@ def kernel_specs(draw, target=None):
         "bias": draw(st.sampled_from(["yes", "no"])), "k_unroll": draw(st.sampled_from([1, 2, 4])),
         "unpack": draw(st.sampled_from(["planar", "interleaved"])),
         "panel": tn * draw(st.sampled_from([1, 2])), "scales": draw(st.sampled_from(["inline", "separate"])),
+        "scale_type": draw(st.sampled_from(["fp32", "fp16"])) if compute == "int8" else "fp32",
     }
     if target == "rvv":
         settings["vlen"] = draw(st.sampled_from([128, 256]))
@@ -149,3 +150,33 @@ def test_m_blocking_across_several_blocks(text, shape, host):
     cases = make_cases(plan, np.random.default_rng(6), [shape], exact=False)
     [result] = run_cases(build(plan, host=host), cases, vlen=None if host else 256)
     assert compare(plan, cases[0], result).ok
+
+
+def test_fp16_scale_conversion_matches_numpy(tmp_path):
+    """The generated binary16 conversions (no _Float16) against numpy's, over normal, subnormal,
+    tie, overflow and special values: the oracle rounds scales with numpy."""
+    from imegen import toolchain
+    from imegen.render import render_kernel
+
+    plan = plan_kernel(specs_from_text("kernel h { target = scalar  compute = int8  scale_type = fp16 }")[0])
+    for name, text in render_kernel(plan, "h.imegen").items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "main.c").write_text(
+        '#include "h.c"\n#include <stdio.h>\n'
+        "int main(void) { uint32_t x; while (fread(&x, 4, 1, stdin) == 1) { float f; memcpy(&f, &x, 4);\n"
+        "  uint16_t h = h_half_from_float(f); float g = h_float_from_half(h); fwrite(&h, 2, 1, stdout); fwrite(&g, 4, 1, stdout); }\n"
+        "  return 0; }\n")
+    exe = toolchain.compile_c([tmp_path / "main.c"], tmp_path / "main", host=True, include_dirs=[tmp_path],
+                              extra_flags=["-Wno-unused-function"])
+    rng = np.random.default_rng(7)
+    specials = np.array([0.0, -0.0, 1.0, 65504.0, 65519.99, 65520.0, 1e9, np.inf, -np.inf, 2.0**-24, 2.0**-25,
+                         1.5 * 2.0**-25, 2.0**-14, 2.0**-14 * (1 - 2.0**-11), 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11], np.float32)
+    values = np.concatenate([specials, rng.standard_normal(4000).astype(np.float32) * np.float32(0.1),
+                             (rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32)).view(np.float32)])
+    values = values[~np.isnan(values)]
+    out = toolchain.run(exe, host=True, input=values.tobytes()).stdout
+    rec = np.frombuffer(out, dtype=np.dtype([("h", "<u2"), ("f", "<f4")]))
+    with np.errstate(over="ignore"):  # overflow to inf is one of the cases
+        want = values.astype(np.float16)
+    np.testing.assert_array_equal(rec["h"], want.view(np.uint16))
+    np.testing.assert_array_equal(rec["f"], want.astype(np.float32))
