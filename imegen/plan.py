@@ -256,7 +256,15 @@ def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp
                 AsmOp("add", "add %[sa], %[sa], %[sa4]"), AsmOp("add", "add %[as], %[as], %[as4]"), vs(16),
                 AsmOp("vrgather", f"vrgather.vv v{SA}, v{X4}, v{IDXR}"), AsmOp("vrgather", f"vrgather.vv v{AS}, v{Y}, v{IDXR}")]
         for ni, vd in enumerate(row):
-            ops += [vs(4), AsmOp("addi", f"addi t1, %[sb], {ni * 16}"), AsmOp("vle32", f"vle32.v v{X4}, (t1)", f"B scales, cols {4 * ni}..{4 * ni + 3}")]
+            if spec.scale_type == "fp16":  # finite half -> fp32: (bits & 0x7fff) << 13 is value * 2^-112
+                ops += [AsmOp("addi", f"addi t1, %[sb], {ni * 8}"), vs(4, "e16", "m1"),
+                        AsmOp("vle16", f"vle16.v v{SB}, (t1)", f"B fp16 scales, cols {4 * ni}..{4 * ni + 3}"), vs(4),
+                        AsmOp("vzext", f"vzext.vf2 v{X4}, v{SB}"), AsmOp("vand", f"vand.vx v{SB}, v{X4}, %[h7fff]"),
+                        AsmOp("vsll", f"vsll.vi v{SB}, v{SB}, 13"), AsmOp("vfmul", f"vfmul.vf v{SB}, v{SB}, %[p112]"),
+                        AsmOp("vsrl", f"vsrl.vi v{X4}, v{X4}, 15"), AsmOp("vsll", f"vsll.vi v{X4}, v{X4}, 31"),
+                        AsmOp("vor", f"vor.vv v{X4}, v{X4}, v{SB}", "fp32 scales")]
+            else:
+                ops += [vs(4), AsmOp("addi", f"addi t1, %[sb], {ni * 16}"), AsmOp("vle32", f"vle32.v v{X4}, (t1)", f"B scales, cols {4 * ni}..{4 * ni + 3}")]
             if asym:
                 ops += [AsmOp("addi", f"addi t1, %[zp], {ni * 4}"), vs(4, "e8", "mf2"),
                         AsmOp("vle8", f"vle8.v v{ZP}, (t1)", "B zero points"), vs(4),

@@ -154,7 +154,7 @@ def test_m_blocking_across_several_blocks(text, shape, host):
 
 def test_fp16_scale_conversion_matches_numpy(tmp_path):
     """The generated binary16 conversions (no _Float16) against numpy's, over normal, subnormal,
-    tie, overflow and special values: the oracle rounds scales with numpy."""
+    tie, overflow (saturated) and special values: the oracle rounds scales with numpy."""
     from imegen import toolchain
     from imegen.render import render_kernel
 
@@ -176,7 +176,6 @@ def test_fp16_scale_conversion_matches_numpy(tmp_path):
     values = values[~np.isnan(values)]
     out = toolchain.run(exe, host=True, input=values.tobytes()).stdout
     rec = np.frombuffer(out, dtype=np.dtype([("h", "<u2"), ("f", "<f4")]))
-    with np.errstate(over="ignore"):  # overflow to inf is one of the cases
-        want = values.astype(np.float16)
+    want = np.clip(values, -65504, 65504).astype(np.float16)  # the packer saturates: stored scales are finite
     np.testing.assert_array_equal(rec["h"], want.view(np.uint16))
     np.testing.assert_array_equal(rec["f"], want.astype(np.float32))

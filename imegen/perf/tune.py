@@ -5,7 +5,9 @@ Search space (4-bit weights, asymmetric zero points, int8 compute, target ime):
           TM in {4, 8, 12, 16}, TN in {4, 8, ..., 32}, k_unroll in {1, 2, 4, 8}; unpack planar,
           panel = TN, scales inline;
   stage 2 (layout): for the best two stage-1 configs of every shape, every unpack in {planar,
-          interleaved}, panel in {TN, 2 TN, 4 TN} and scales in {inline, separate}.
+          interleaved}, panel in {TN, 2 TN, 4 TN}, scales in {inline, separate} and scale_type in
+          {fp32, fp16} (fp16 halves the scale bytes that DRAM-bound decode streams; with int8
+          compute its rounding is far inside ORT's accuracy_level 4 tolerance).
 Every candidate is written as DSL text and goes through imegen's own parser and validator
 (ir.specs_from_text); the ones it refuses (register budget, k_unroll vs block, ...) are
 reported with the validator's message and never built. Valid ones are measured (measure.py,
@@ -29,7 +31,7 @@ from . import measure, x60
 from .workload import BLOCKS, DECODE_M, PREFILL_M, shapes
 
 ORDER = ("op", "bits", "block", "zero_point", "bias", "compute", "target", "vlen", "tile", "k_unroll",
-         "unpack", "panel", "scales")
+         "unpack", "panel", "scales", "scale_type")
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ def config_name(settings: dict[str, object]) -> str:
     tile = str(s["tile"])
     parts = [str(s["target"]), str(s["compute"]), str(s["op"]), tile, f"k{s['k_unroll']}",
              str(s["unpack"])[:2], f"p{s['panel']}", str(s["scales"])[:3], f"b{s['block']}"]
+    if s.get("scale_type", "fp32") != "fp32":
+        parts.append(str(s["scale_type"]))
     if "vlen" in s:
         parts.insert(3, f"v{s['vlen']}")
     return "_".join(parts)
@@ -104,8 +108,8 @@ def stage1(block: int, *, quick: bool = False) -> list[dict[str, object]]:
 def stage2(settings: dict[str, object], *, quick: bool = False) -> list[dict[str, object]]:
     tn = int(str(settings["tile"]).split("x")[1])
     panels = (tn,) if quick else tuple(p for p in (tn, 2 * tn, 4 * tn) if p <= 128)
-    return [{**settings, "unpack": u, "panel": p, "scales": sc}
-            for u in ("planar", "interleaved") for p in panels for sc in ("inline", "separate")]
+    return [{**settings, "unpack": u, "panel": p, "scales": sc, "scale_type": st}
+            for u in ("planar", "interleaved") for p in panels for sc in ("inline", "separate") for st in ("fp32", "fp16")]
 
 
 def validate(settings: dict[str, object]) -> KernelSpec | SpecError:
@@ -138,7 +142,7 @@ def settings_of(spec: KernelSpec) -> dict[str, object]:
     d = {"op": spec.op, "bits": spec.bits, "block": spec.block, "zero_point": spec.zero_point,
          "bias": "yes" if spec.bias else "no", "compute": spec.compute, "target": spec.target,
          "tile": f"{spec.tile_m}x{spec.tile_n}", "k_unroll": spec.k_unroll, "unpack": spec.unpack,
-         "panel": spec.panel, "scales": spec.scales}
+         "panel": spec.panel, "scales": spec.scales, "scale_type": spec.scale_type}
     if spec.target == "rvv":
         d["vlen"] = spec.vlen
     return d

@@ -39,8 +39,8 @@ half the L2, then N tiles, then M tiles): the packed B once per M block; A (fp32
 workspace written once and re-read from L2; C written once. L1/L2 bandwidth is not modeled.
 
 Roofline: max(2MNK / IME peak of the cores used, compulsory bytes / 5.24 GB/s), compulsory
-bytes = the weights in ONNX Runtime's MatMulNBits format (int4 codes, fp32 scales, 4-bit packed
-zero points) + A and C in fp32. A kernel's efficiency (as issue 4 defines it) is modeled time /
+bytes = the weights in the most compact format imegen or ONNX Runtime stores (int4 codes, fp16
+scales as imegen's scale_type = fp16, 4-bit packed zero points as ORT's) + A and C in fp32. A kernel's efficiency (as issue 4 defines it) is modeled time /
 roofline time: 1.00 is ideal.
 """
 
@@ -164,16 +164,17 @@ def core_cycles(counts: dict[str, float], p: X60Params = X60) -> CoreCycles:
 # Bytes
 
 
-def ort_weight_bytes(N: int, K: int, block: int, bits: int = 4, zero_points: bool = True) -> int:
-    """ONNX Runtime MatMulNBits weight bytes: B codes, fp32 scales, packed uint8 zero points."""
+def ort_weight_bytes(N: int, K: int, block: int, bits: int = 4, zero_points: bool = True, scale_bytes: int = 4) -> int:
+    """ONNX Runtime MatMulNBits weight bytes: B codes, scales (fp32 in ORT), packed uint8 zero points."""
     kb = -(-K // block)
     zp = N * (-(-kb * bits // 8)) if zero_points else 0
-    return N * kb * block * bits // 8 + N * kb * 4 + zp
+    return N * kb * block * bits // 8 + N * kb * scale_bytes + zp
 
 
 def compulsory_bytes(M: int, N: int, K: int, block: int, bits: int = 4, zero_points: bool = True) -> int:
-    """Bytes any implementation must move: weights in ORT's format, A and C in fp32."""
-    return ort_weight_bytes(N, K, block, bits, zero_points) + 4 * M * K + 4 * M * N
+    """Bytes any implementation must move: weights with fp16 scales (the most compact format any
+    kernel here streams), A and C in fp32."""
+    return ort_weight_bytes(N, K, block, bits, zero_points, scale_bytes=2) + 4 * M * K + 4 * M * N
 
 
 def packed_b_bytes(plan: KernelPlan, N: int, K: int) -> int:
