@@ -12,7 +12,7 @@ Every candidate is written as DSL text and goes through imegen's own parser and 
 (ir.specs_from_text); the ones it refuses (register budget, k_unroll vs block, ...) are
 reported with the validator's message and never built. Valid ones are measured (measure.py,
 cached) and modeled (x60.py). The best config per shape minimises the modeled time on 4 IME
-cores, then on 1 core, then the core-side time on 1 core (what is left when DRAM binds), then
+cores (times within TIE = 1% of the best count as tied), then on 1 core, then the core-side time on 1 core (what is left when DRAM binds), then
 the spec text: the choice is deterministic, and a rerun with the same sources reproduces it
 from the count cache.
 """
@@ -29,6 +29,8 @@ from ..ir import KernelSpec, specs_from_text
 from ..plan import plan_kernel
 from . import measure, x60
 from .workload import BLOCKS, DECODE_M, PREFILL_M, shapes
+
+TIE = 0.01  # relative 4-core time difference below which configs count as tied
 
 ORDER = ("op", "bits", "block", "zero_point", "bias", "compute", "target", "vlen", "tile", "k_unroll",
          "unpack", "panel", "scales", "scale_type")
@@ -232,7 +234,13 @@ def search(targets: list[Case], *, quick: bool = False, jobs: int = 1, log=None,
     results = evaluate(first, targets, jobs=jobs, log=log)
 
     def ranking(case: Case) -> list[Evaluation]:
-        return sorted((e for (_, c), e in results.items() if c == case), key=lambda e: e.key)
+        ranked = sorted((e for (_, c), e in results.items() if c == case), key=lambda e: e.key)
+        if not ranked:
+            return ranked
+        # 4-core times within TIE of the best are a tie in this model: the 1-core time decides.
+        cut = ranked[0].four_cores.time_s * (1 + TIE)
+        tied = [e for e in ranked if e.four_cores.time_s <= cut]
+        return sorted(tied, key=lambda e: (e.one_core.time_s, e.key)) + ranked[len(tied):]
 
     if candidates is None:
         top = [r.spec for c in targets for r in ranking(c)[:1 if quick else 2]]
