@@ -140,13 +140,8 @@ def run_ort(A: np.ndarray, qw: ref.QuantizedWeights, bias=None, accuracy_level: 
 def quantize_a_int8_x86(A: np.ndarray, block_size: int):
     """x86 MLAS (QuantizeARow_CompInt8_avx2/avx512): multiplier 127/amax (not 1/(amax/127)) and
     round-half-to-even.  Used only to explain x86 ORT's accuracy_level 4 output."""
-    A = np.asarray(A, F32)
-    M, K = A.shape
-    kb = -(-K // block_size)
-    a = np.zeros((M, kb * block_size), F32)
-    a[:, :K] = A
-    a = a.reshape(M, kb, block_size)
-    amax = np.abs(a).max(axis=2)
+    a, amax = ref.a_blocks(A, block_size)
+    M = a.shape[0]
     with np.errstate(divide="ignore"):
         mul = np.where(amax != 0, F32(127) / amax, F32(0)).astype(F32)
     qa = np.clip(np.rint((a * mul[:, :, None]).astype(F32)), -128, 127).astype(np.int8)

@@ -128,6 +128,17 @@ def matmul_nbits(A: np.ndarray, qw: QuantizedWeights, bias: np.ndarray | None = 
     return Y if bias is None else Y + np.asarray(bias, np.float64)
 
 
+def a_blocks(A: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A as float32 [M, k_blocks, block_size] (zero-padded) and each block's max |a|."""
+    A = np.asarray(A, F32)
+    M, K = A.shape
+    kb = -(-K // block_size)
+    a = np.zeros((M, kb * block_size), F32)
+    a[:, :K] = A
+    a = a.reshape(M, kb, block_size)
+    return a, np.abs(a).max(axis=2)  # zero padding never raises the max
+
+
 def quantize_a_int8(A: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """MLAS CompInt8 A quantization (NEON QuantizeBlock / test reference), per row per K block.
 
@@ -135,13 +146,8 @@ def quantize_a_int8(A: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndar
     Note: x86 AVX2/512 multiplies by 127/amax and rounds half-to-even instead; that only differs on
     rounding ties and 1-ulp multiplier differences, both covered by the CompInt8 tolerance.
     """
-    A = np.asarray(A, F32)
-    M, K = A.shape
-    kb = -(-K // block_size)
-    a = np.zeros((M, kb * block_size), F32)
-    a[:, :K] = A
-    a = a.reshape(M, kb, block_size)
-    amax = np.abs(a).max(axis=2)  # zero padding never raises the max
+    a, amax = a_blocks(A, block_size)
+    M = a.shape[0]
     scale = (amax / F32(127)).astype(F32)
     with np.errstate(divide="ignore"):
         rs = np.where(scale != 0, F32(1) / scale, F32(0)).astype(F32)
