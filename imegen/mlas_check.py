@@ -16,7 +16,7 @@ from . import reference as ref
 from . import toolchain
 from .mlas_abi import COMPUTE_INT8, DispatchPlan
 from .render import render_dispatch, render_kernel
-from .verify import CACHE, Case, Comparison, Result, compare
+from .verify import CACHE, Case, Comparison, Result, cached_dir, compare
 
 DRIVER = Path(__file__).resolve().parent.parent / "tests" / "c" / "mlas_driver.c"
 
@@ -27,35 +27,31 @@ class MlasCase:
     compute: int  # mlas_abi.COMPUTE_FP32 | COMPUTE_INT8
 
 
-def write_sources(d: DispatchPlan, spec_file: str, out: Path) -> list[Path]:
+def sources(d: DispatchPlan, spec_file: str) -> dict[str, str]:
     files = {}
     for plan in d.kernels:
         files.update(render_kernel(plan, spec_file))
     files.update(render_dispatch(d, spec_file))
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (out / name).write_text(text)
-    return [out / n for n in files if n.endswith(".c")]
+    return files
 
 
 def build(d: DispatchPlan, spec_file: str, *, compiler: str = "clang") -> Path:
-    with tempfile.TemporaryDirectory() as tmp:
-        sources = write_sources(d, spec_file, Path(tmp))
-        key = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(sources)) + DRIVER.read_bytes() + compiler.encode()).hexdigest()[:16]
-        exe = CACHE / f"mlas-{d.prefix}{key}" / "driver"
-        if exe.exists():
-            return exe
-        work = exe.parent
-        write_sources(d, spec_file, work)
+    """Kernels + dispatch + the MLAS-driver stand-in (+ the IME emulator), cached by content."""
+    files = sources(d, spec_file)
+    key = hashlib.sha256(repr((sorted(files.items()), DRIVER.read_text(), compiler)).encode()).hexdigest()[:16]
     ime = any(p.spec.target == "ime" for p in d.kernels)
-    objs = [work / p.name for p in sources] + [DRIVER]
-    if ime:
-        objs.append(toolchain.compile_ime_emu(work / "ime_emu.o", compiler=compiler))
-    flags = [f'-DIMEGEN_DISPATCH_HEADER="{d.prefix}dispatch.h"'] + (["-DIMEGEN_IME"] if ime else [])
-    tmp_exe = work / "driver.tmp"
-    toolchain.compile_c(objs, tmp_exe, compiler=compiler, extra_flags=flags, include_dirs=[work, toolchain.RUNTIME_DIR])
-    tmp_exe.rename(exe)
-    return exe
+
+    def fill(work: Path) -> None:
+        for name, text in files.items():
+            (work / name).write_text(text)
+        objs = [work / n for n in files if n.endswith(".c")] + [DRIVER]
+        if ime:
+            objs.append(toolchain.compile_ime_emu(work / "ime_emu.o", compiler=compiler))
+        flags = [f'-DIMEGEN_DISPATCH_HEADER="{d.prefix}dispatch.h"'] + (["-DIMEGEN_IME"] if ime else [])
+        toolchain.compile_c(objs, work / "driver", compiler=compiler, extra_flags=flags,
+                            include_dirs=[work, toolchain.RUNTIME_DIR])
+
+    return cached_dir(CACHE / f"mlas-{d.prefix}{key}", fill) / "driver"
 
 
 def run(exe: Path, cases: list[MlasCase], *, vlen: int = 256) -> list[Result]:

@@ -54,13 +54,11 @@ LEVEL = {"fp32": 0, "int8": 4}  # kernel compute -> MatMulNBits accuracy_level
 # ----------------------------------------------------------------------------- onnxruntime side
 def _ort():
     try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
+        import onnx
+        import onnxruntime
     except ImportError as e:
         raise ImportError(f"imegen ort-check needs onnxruntime and onnx ({e}); "
                           "install them with: python3 -m pip install -e '.[test]'") from None
-    import onnx
-    import onnxruntime
     return onnx, onnxruntime
 
 

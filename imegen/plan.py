@@ -120,7 +120,7 @@ def _pack_layout(spec: KernelSpec) -> PackLayout:
     inline = spec.scales == "inline"
     if spec.target == "ime":
         # 32-byte vmadot B tiles: 4 columns x 8 bytes, column groups of a panel side by side.
-        tile = f"(c / 4) * 32 + (c % 4) * 8"
+        tile = "(c / 4) * 32 + (c % 4) * 8"
         if spec.bits == 8:
             byte, shift = f"(kk / 8) * {np_ * 8} + {tile} + kk % 8", "0"
         elif spec.unpack == "planar":  # byte j: k=j (low nibble), k=j+8 (high): vand/vsrl give k0-7, k8-15

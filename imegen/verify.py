@@ -8,6 +8,8 @@ the exact integer model of MLAS CompInt8 plus the rounding of their fp32 block f
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 import struct
 import tempfile
 from dataclasses import dataclass, replace
@@ -73,19 +75,35 @@ def build(plan: KernelPlan, spec_file: str = "<spec>", *, compiler: str = "clang
     sources["driver.c"] = render_driver(plan, spec_file)
     key = hashlib.sha256(repr((sorted(sources.items()), compiler, host,
                                (toolchain.RUNTIME_DIR / "ime_emu.c").read_text())).encode()).hexdigest()[:16]
-    d = CACHE / f"{plan.name}-{key}"
-    exe = d / "driver"
-    if not exe.exists():
-        d.mkdir(parents=True, exist_ok=True)
+
+    def fill(d: Path) -> None:
         for name, text in sources.items():
             (d / name).write_text(text)
         objs: list[Path] = [d / f"{plan.name}.c", d / "driver.c"]
         if plan.spec.target == "ime":
             objs.append(toolchain.compile_ime_emu(d / "ime_emu.o", compiler=compiler))
-        tmp = d / "driver.tmp"
-        toolchain.compile_c(objs, tmp, compiler=compiler, host=host, include_dirs=[d, toolchain.RUNTIME_DIR])
-        tmp.rename(exe)
-    return Build(plan, exe, host, compiler)
+        toolchain.compile_c(objs, d / "driver", compiler=compiler, host=host, include_dirs=[d, toolchain.RUNTIME_DIR])
+
+    d = cached_dir(CACHE / f"{plan.name}-{key}", fill)
+    return Build(plan, d / "driver", host, compiler)
+
+
+def cached_dir(d: Path, fill) -> Path:
+    """Build into a private directory, then publish it with one rename: concurrent builders of
+    the same key (parallel tests, ort-check jobs) never see each other's half-written files."""
+    if d.exists():
+        return d
+    d.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=d.parent, prefix=d.name + ".tmp-"))
+    try:
+        fill(tmp)
+        os.rename(tmp, d)
+    except OSError:
+        if not d.exists():  # not "another builder won the race"
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return d
 
 
 def _encode(plan: KernelPlan, cases: list[Case]) -> bytes:

@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from imegen import reference as ref
 from imegen.check import check_kernel, make_cases
 from imegen.errors import SpecError
 from imegen.ir import specs_from_text
 from imegen.plan import plan_kernel
-from imegen.verify import Case, build, compare, run_cases
+from imegen.verify import build, compare, run_cases
 
 
 @st.composite
