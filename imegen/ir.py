@@ -76,22 +76,27 @@ def _fmt(values) -> str:
     return ", ".join(str(v) for v in values)
 
 
+def _shown(value) -> str:
+    """A setting's value as written in the spec (tiles as MxN)."""
+    return f"{value[0]}x{value[1]}" if isinstance(value, tuple) else repr(value)
+
+
 def _check_value(s: Setting):
     if s.key not in _CHOICES:
         raise SpecError(s.span, f"unknown setting '{s.key}'; expected one of: {_fmt(_CHOICES)}")
     _, allowed = _CHOICES[s.key]
     if allowed is tuple:
         if not isinstance(s.value, tuple):
-            raise SpecError(s.value_span, f"'{s.key}' expects a tile MxN such as 4x16, got {s.value!r}")
+            raise SpecError(s.value_span, f"'{s.key}' expects a tile MxN such as 4x16, got {_shown(s.value)}")
         if min(s.value) < 1:
             raise SpecError(s.value_span, f"tile dimensions must be positive, got {s.value[0]}x{s.value[1]}")
         return s.value
     if allowed is int:
         if not isinstance(s.value, int) or s.value < 1:
-            raise SpecError(s.value_span, f"'{s.key}' expects a positive integer, got {s.value!r}")
+            raise SpecError(s.value_span, f"'{s.key}' expects a positive integer, got {_shown(s.value)}")
         return s.value
     if s.value not in allowed:
-        raise SpecError(s.value_span, f"'{s.key}' must be one of: {_fmt(allowed)}; got {s.value!r}")
+        raise SpecError(s.value_span, f"'{s.key}' must be one of: {_fmt(allowed)}; got {_shown(s.value)}")
     return s.value
 
 

@@ -234,3 +234,11 @@ def test_fp16_scales_need_int8_compute_and_imegen_abi():
     with pytest.raises(SpecError, match="fp16 scales need abi = imegen"):
         specs_from_text("kernel a { abi = mlas  compute = int8  scale_type = fp16 }")
     assert specs_from_text("kernel a { compute = int8  scale_type = fp16 }")[0].scale_type == "fp16"
+
+
+def test_tile_values_are_shown_as_written():
+    from imegen.errors import SpecError
+    from imegen.ir import specs_from_text
+
+    with pytest.raises(SpecError, match=r"'bits' must be one of: 4, 8; got 4x4$"):
+        specs_from_text("kernel a { bits = 4x4 }")
