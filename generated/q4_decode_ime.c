@@ -89,16 +89,22 @@ int q4_decode_ime_supported(void)
 
 
 /* Workspace: [quantized A, k-permuted to match the B unpack, rounded up to 64 B][scales: Mpad x k_blocks fp32][sums: Mpad x k_blocks int32] */
+/* Rows the workspace holds for M rows of A: whole groups of 1 (the kernel's A tiles). */
+static size_t q4_decode_ime_rows_padded(size_t M)
+{
+    return (M + 1 - 1) / 1 * 1;
+}
+
 static size_t q4_decode_ime_qa_bytes(size_t M, size_t Kpad)
 {
-    const size_t Mpad = (M + 1 - 1) / 1 * 1;
+    const size_t Mpad = q4_decode_ime_rows_padded(M);
     return (Mpad * (Kpad + 32) + 63) / 64 * 64;
 }
 
 size_t q4_decode_ime_workspace_size(size_t M, size_t K)
 {
     const size_t kb = (K + BLK - 1) / BLK;
-    const size_t Mpad = (M + 1 - 1) / 1 * 1;
+    const size_t Mpad = q4_decode_ime_rows_padded(M);
     return q4_decode_ime_qa_bytes(M, kb * BLK) + Mpad * kb * (sizeof(float) + sizeof(int32_t));
 }
 
@@ -147,7 +153,7 @@ static float q4_decode_ime_quantize_block(const float *x, size_t n, int8_t *q)
 void q4_decode_ime_prepare_a(size_t M, size_t K, const float *A, size_t lda, void *workspace)
 {
     const size_t kb = (K + BLK - 1) / BLK, Kpad = kb * BLK;
-    const size_t Mpad = (M + 1 - 1) / 1 * 1;
+    const size_t Mpad = q4_decode_ime_rows_padded(M);
     int8_t *qa = workspace;
     float *ascale = (float *)((uint8_t *)workspace + q4_decode_ime_qa_bytes(M, Kpad));
     int32_t *asum = (int32_t *)(ascale + Mpad * kb);
@@ -176,7 +182,7 @@ typedef struct {
 
 static q4_decode_ime_aview q4_decode_ime_aview_of(const void *workspace, size_t M, size_t Kpad)
 {
-    const size_t Mpad = (M + 1 - 1) / 1 * 1;
+    const size_t Mpad = q4_decode_ime_rows_padded(M);
     const float *scale = (const float *)((const uint8_t *)workspace + q4_decode_ime_qa_bytes(M, Kpad));
     return (q4_decode_ime_aview){ (const int8_t *)workspace, scale, (const int32_t *)(scale + Mpad * (Kpad / BLK)), Kpad / BLK, Kpad };
 }

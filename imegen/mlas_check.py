@@ -92,7 +92,7 @@ def check(d: DispatchPlan, mc: MlasCase, result: Result, *, exact: bool = False)
     ime = any(getattr(group, r) is not None and getattr(group, r).spec.target == "ime" for r in ("gemv", "gemm"))
     if ime and mc.compute == COMPUTE_INT8 and result.vmadots == 0:
         return Comparison(False, np.inf, np.inf, "IME kernels were not executed (no vmadot)")
-    return compare(plan, mc.case, Result(result.status, 0, result.C), exact=exact, check_vmadots=False)
+    return compare(plan, mc.case, result, exact=exact, check_vmadots=False)
 
 
 def random_case(rng: np.random.Generator, M: int, N: int, K: int, block: int, symmetric: bool, bias: bool,

@@ -180,8 +180,9 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     b_groups = ku // 2 if spec.bits == 4 else ku
     b_reg = [[take(1) for _ in range(na)] for _ in range(b_groups)]
     b_lo = [[take(1) for _ in range(na)] for _ in range(b_groups)] if spec.bits == 4 else None
-    assert next_reg + register_budget(spec)["fold temporaries"] == sum(register_budget(spec).values()) <= 32, \
-        "budget and allocation disagree"
+    budget = register_budget(spec)
+    n_regs = sum(budget.values())  # loop and fold both allocate upwards from v0
+    assert next_reg + budget["fold temporaries"] == n_regs <= 32, "budget and allocation disagree"
 
     ops: list[AsmOp] = []
 
@@ -226,7 +227,6 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     a_step = ku * 8 if (gemv or spec.abi == "mlas") else ku * ma * 32
     ops.append(AsmOp("addi", f"addi %[a], %[a], {a_step}"))
     fold = _ime_fold(spec, acc)
-    n_regs = sum(register_budget(spec).values())  # loop and fold both allocate upwards from v0
     return ImePlan(
         ma=ma, na=na, acc_regs=acc, body=tuple(ops), fold=fold,
         iterations_per_block=spec.block // (8 * ku), a_bytes_per_iteration=a_step,

@@ -60,13 +60,13 @@ def shapes(draw, spec):
     return M, N, K
 
 
-def _run_one(spec, data, vlen):
+def _run_one(spec, data, vlen, *, host=False):
     plan = plan_kernel(spec)
     M, N, K = data.draw(shapes(spec))
     exact = data.draw(st.booleans())
     seed = data.draw(st.integers(0, 2**32 - 1))
     case = make_cases(plan, np.random.default_rng(seed), [(M, N, K)], exact=exact)[0]
-    b = build(plan, "fuzz.imegen", compiler="clang")
+    b = build(plan, "fuzz.imegen", host=host)
     [result] = run_cases(b, [case], vlen=vlen)
     c = compare(plan, case, result, exact=exact)
     assert c.ok, f"{spec.describe()} M,N,K={M},{N},{K} exact={exact} vlen={vlen}: {c.message}"
@@ -74,14 +74,7 @@ def _run_one(spec, data, vlen):
 
 @given(st.data())
 def test_scalar_kernels_match_numpy_natively(data):
-    spec = data.draw(kernel_specs("scalar"))
-    plan = plan_kernel(spec)
-    M, N, K = data.draw(shapes(spec))
-    exact = data.draw(st.booleans())
-    case = make_cases(plan, np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))), [(M, N, K)], exact=exact)[0]
-    [result] = run_cases(build(plan, "fuzz.imegen", host=True), [case], vlen=None)
-    c = compare(plan, case, result, exact=exact)
-    assert c.ok, f"{spec.describe()} M,N,K={M},{N},{K}: {c.message}"
+    _run_one(data.draw(kernel_specs("scalar")), data, None, host=True)
 
 
 @given(st.data())
