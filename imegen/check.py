@@ -102,6 +102,8 @@ def _group_shapes(g: Group) -> list[tuple[int, int, int]]:
     """Rows around the group's tiles; N across MLAS's 16-column thread split and 128-column chunks."""
     tm = max(p.spec.tile_m for p in (g.m1, g.dequant, g.gemv, g.gemm) if p)
     ms = [1] if g.compute == COMPUTE_FP32 and g.dequant is None else sorted({1, tm, tm + 1, 2 * tm + 1})
+    if g.bits == 8:  # the BlkSum kernel gets MLAS's whole 128-row range in one call
+        ms.append(130)
     return [(m, n, k) for m in ms for n, k in [(1, g.block), (40, 2 * g.block + 3), (133, g.block // 2 + 1)]]
 
 
@@ -116,7 +118,7 @@ def check_dispatch(d: DispatchPlan, spec_file: str, *, seed: int = 0, log=None) 
         for g in d.groups:
             names = [p.name for p in (g.m1, g.dequant, g.gemv, g.gemm) if p]
             shapes = _group_shapes(g)
-            cases = [(mlas_check.random_case(rng, M, N, K, g.block, i % 2 == 0, i % 3 == 0, g.compute, exact), exact)
+            cases = [(mlas_check.random_case(rng, M, N, K, g.block, i % 2 == 0, i % 3 == 0, g.compute, exact, g.bits), exact)
                      for exact in (False, True) for i, (M, N, K) in enumerate(shapes)]
             for vlen in vlens:
                 if log:

@@ -24,7 +24,7 @@ class KernelSpec:
     op: str = "gemm"  # gemm (M>1, prefill) | gemv (M=1, decode)
     bits: int = 4  # weight bits: 4 | 8
     block: int = 32  # quantization block size along K
-    zero_point: str = "symmetric"  # symmetric (implicit 2^(bits-1)) | asymmetric (ORT uint8-packed)
+    zero_point: str = "symmetric"  # symmetric (implicit 2^(bits-1)) | asymmetric (ORT uint8-packed) | blksum (8-bit MLAS)
     bias: bool = False
     compute: str = "fp32"  # fp32 (dequantize B, fp32 FMA) | int8 (quantize A per block, integer dots)
     target: str = "scalar"  # ime | rvv | scalar
@@ -168,16 +168,18 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
         for key, what in runtime.items():
             if key in s:
                 refuse(key, f"abi mlas takes {what}; remove '{key}'")
-        if spec.bits != 4:
-            refuse("bits", "abi mlas generates MLAS's 4-bit (SQ4) entry points only; MLAS's 8-bit path is the BlkSum kernel family")
+        if spec.bits == 8 and spec.compute != "int8":
+            refuse("compute", "MLAS runs 8-bit weights only as CompInt8 (its BlkSum kernels); for CompFp32 ORT "
+                   "dequantizes 8-bit B itself, so abi mlas with bits = 8 needs compute = int8")
         if MLAS_N_ALIGN % spec.panel:
             refuse("panel", f"abi mlas: panel {spec.panel} must divide {MLAS_N_ALIGN}, because MLAS offsets packed B by "
                    f"RangeStartN * ldb with RangeStartN a multiple of {MLAS_N_ALIGN}")
-        if spec.target == "ime" and spec.unpack == "interleaved":
+        if spec.target == "ime" and spec.bits == 4 and spec.unpack == "interleaved":
             refuse("unpack", "abi mlas with target ime needs unpack = planar: MLAS quantizes A in natural k order, "
                    "and interleaved nibbles would need A's k order permuted to match the unpacked B tiles")
-        # Zero points and bias arrive (or not) at run time; the kernels handle both.
-        spec = replace(spec, zero_point="asymmetric", bias=False, scales="ort")
+        # Zero points and bias arrive (or not) at run time; the kernels handle both. 8-bit: MLAS
+        # hands zero points over as per-block sums (see KernelPlan.blksum).
+        spec = replace(spec, zero_point="blksum" if spec.bits == 8 else "asymmetric", bias=False, scales="ort")
     if spec.scale_type == "fp16":
         if spec.abi == "mlas":
             refuse("scale_type", "abi mlas reads ORT's fp32 scale array; fp16 scales need abi = imegen")

@@ -1,10 +1,13 @@
 """ONNX Runtime MLAS QNBitGemm dispatch: the entry points imegen fills, in one table.
 
-Signatures follow MLAS_QNBIT_GEMM_DISPATCH in onnxruntime/core/mlas/lib/qnbitgemm.h (ORT 1.2x,
-without the later trailing MLAS_BACKEND_KERNEL_SELECTOR_CONFIG*): a change of ORT version is an
-edit of ENTRIES. Each parameter has its C spelling (the generated dispatch .c) and its C++
-spelling (the glue .cpp compiled inside ORT); the two are ABI-identical (std::byte* = uint8_t*,
-the compute-type enum = int, MLAS_THREADPOOL* = void*).
+Pinned to MLAS_QNBIT_GEMM_DISPATCH and PackedQuantBDataStruct in onnxruntime/core/mlas/lib/qnbitgemm.h
+at ORT commit 001d12d2 (ORT_COMMIT below; pack, size and workspace functions take a trailing
+MLAS_BACKEND_KERNEL_SELECTOR_CONFIG*). A change of ORT version is an edit of ENTRIES (and _TYPES).
+
+Each entry is a plain C function in the generated dispatch .c; the generated C++ glue (compiled
+inside ORT) wraps each one in a function with ORT's exact C++ signature: it casts std::byte* and
+the compute-type enum, drops the selector config (imegen has one kernel per block size and compute
+type), and unpacks PackedQuantBDataStruct<float, 8>& into the three regions imegen fills.
 """
 
 from __future__ import annotations
@@ -16,22 +19,40 @@ from pathlib import Path
 from .errors import SpecError
 from .plan import KernelPlan
 
+ORT_COMMIT = "001d12d2623fd411ce0f83d05abb5e82304a3389"
 COMPUTE_FP32 = 0  # SQNBIT_CompFp32, first enumerator of MLAS_QNBIT_GEMM_COMPUTE_TYPE
 COMPUTE_INT8 = 3  # SQNBIT_CompInt8
 WORKSPACE_ALIGNMENT = 64
 WORKSPACE_SLACK = 64  # IME gemv loads 32 bytes of A at a time and may read past the last row
+BLKSUM_ALIGNMENT = 64  # PackedQuantBDataStruct aligns QuantBBlkSum to 16 floats
+BLKSUM_COLUMNS = 16  # ... and sizes it for N rounded up to 16 columns
 
-_TYPES = {  # short name -> (C, C++)
-    "size": ("size_t", "size_t"),
-    "bool": ("bool", "bool"),
-    "compute": ("int", "MLAS_QNBIT_GEMM_COMPUTE_TYPE"),
-    "cbytes": ("const uint8_t *", "const std::byte *"),
-    "bytes": ("uint8_t *", "std::byte *"),
-    "cfloats": ("const float *", "const float *"),
-    "floats": ("float *", "float *"),
-    "pool": ("void *", "MLAS_THREADPOOL *"),
-    "void": ("void", "void"),
+# short name -> (C parameter(s), C++ parameter, C++ expression(s) passed to C); "{n}" is the name.
+# C None: the parameter exists only on the C++ side and is not passed on.
+_TYPES = {
+    "size": ("size_t {n}", "size_t {n}", "{n}"),
+    "bool": ("bool {n}", "bool {n}", "{n}"),
+    "compute": ("int {n}", "MLAS_QNBIT_GEMM_COMPUTE_TYPE {n}", "static_cast<int>({n})"),
+    "cbytes": ("const uint8_t *{n}", "const std::byte *{n}", "reinterpret_cast<const uint8_t *>({n})"),
+    "bytes": ("uint8_t *{n}", "std::byte *{n}", "reinterpret_cast<uint8_t *>({n})"),
+    "cfloats": ("const float *{n}", "const float *{n}", "{n}"),
+    "floats": ("float *{n}", "float *{n}", "{n}"),
+    "pool": ("void *{n}", "MLAS_THREADPOOL *{n}", "{n}"),
+    "selector": (None, "const MLAS_BACKEND_KERNEL_SELECTOR_CONFIG *", None),
+    # ORT computes the regions (PackedQuantBData | 64-B aligned QuantBBlkSum | PackedQuantBScale)
+    # from the size imegen reports; the unsigned-A correction region exists only for ARM64 kernels.
+    "packed8": ("uint8_t *PackedQuantBData, float *PackedQuantBScale, float *QuantBBlkSum",
+                "PackedQuantBDataStruct<float, 8> &{n}",
+                "reinterpret_cast<uint8_t *>({n}.PackedQuantBData), {n}.PackedQuantBScale, {n}.QuantBBlkSum"),
+    "void": ("void", "void", ""),
 }
+CXX_GUARDS = {  # C++ statements the glue runs before calling C, per parameter type
+    "packed8": "if ({n}.BlkUnsignedQuantAZeroPointCorrection != nullptr) imegen_refuse(\"an unsigned-A correction region (ARM64 only)\");",
+}
+
+# Which (bits, compute) groups an entry serves: the glue assigns it only when the spec has one.
+ANY, FP32_4, INT8_4, INT8_8 = (), ((4, COMPUTE_FP32),), ((4, COMPUTE_INT8),), ((8, COMPUTE_INT8),)
+BITS4 = FP32_4 + INT8_4
 
 
 @dataclass(frozen=True)
@@ -39,41 +60,62 @@ class Entry:
     member: str  # MLAS_QNBIT_GEMM_DISPATCH member (and the generated function's suffix)
     ret: str
     params: tuple[tuple[str, str], ...]  # (type short name, parameter name)
+    serves: tuple[tuple[int, int], ...]  # (bits, compute) groups; () = every dispatch
 
-    def signature(self, prefix: str, lang: str) -> str:
-        i = 0 if lang == "c" else 1
-        args = ", ".join(f"{_TYPES[t][i]}{'' if _TYPES[t][i].endswith('*') else ' '}{n}" for t, n in self.params)
-        return f"{_TYPES[self.ret][i]} {prefix}{self.member}({args})"
+    def signature(self, prefix: str) -> str:
+        """The C declaration in the generated dispatch .c / .h."""
+        args = ", ".join(_TYPES[t][0].format(n=n) for t, n in self.params if _TYPES[t][0] is not None)
+        return f"{_TYPES[self.ret][0].format(n='').strip()} {prefix}{self.member}({args})"
+
+    def cxx_wrapper(self, prefix: str) -> str:
+        """A C++ function with ORT's signature that forwards to the C entry point."""
+        params = ", ".join(_TYPES[t][1].format(n=n) for t, n in self.params)
+        args = ", ".join(_TYPES[t][2].format(n=n) for t, n in self.params if _TYPES[t][2] is not None)
+        guards = "".join(f"\n    {CXX_GUARDS[t].format(n=n)}" for t, n in self.params if t in CXX_GUARDS)
+        ret = "return " if self.ret != "void" else ""
+        return (f"{_TYPES[self.ret][1].format(n='').strip()} imegen_{self.member}({params})\n{{{guards}\n"
+                f"    {ret}{prefix}{self.member}({args});\n}}")
 
 
-def _e(member: str, ret: str, params: str) -> Entry:
-    return Entry(member, ret, tuple(tuple(p.split()) for p in params.split(",")))  # type: ignore[misc]
+def _e(member: str, ret: str, params: str, serves: tuple[tuple[int, int], ...]) -> Entry:
+    return Entry(member, ret, tuple(tuple(p.split()) for p in params.split(",")), serves)  # type: ignore[misc]
 
 
 ENTRIES = (
-    _e("Q4BitGemmPackQuantBDataSize", "size", "size N, size K, size BlkLen, bool HasZeroPoint, compute ComputeType"),
+    _e("Q4BitGemmPackQuantBDataSize", "size", "size N, size K, size BlkLen, bool HasZeroPoint, compute ComputeType, "
+       "selector Config", BITS4),
+    _e("Q8BitGemmPackQuantBDataSize", "size", "size N, size K, size BlkLen, bool HasZeroPoint, compute ComputeType, "
+       "selector Config", INT8_8),
     _e("SQ4BitGemmPackQuantBData", "void", "size N, size K, size BlkLen, compute ComputeType, cbytes QuantBDataBegin, "
-       "bytes PackedQuantBDataBegin, pool ThreadPool"),
+       "bytes PackedQuantBDataBegin, pool ThreadPool, selector Config", BITS4),
+    _e("SQ8BitGemmPackQuantBDataAndBlkSum", "void", "size N, size K, size BlkLen, compute ComputeType, "
+       "cbytes QuantBDataBegin, cfloats QuantBScaleBegin, bool HasZeroPoint, cbytes QuantBZPBegin, "
+       "packed8 PackedQuantB, pool ThreadPool, selector Config", INT8_8),
     _e("QNBitGemmPerGemmWorkspaceSize", "size", "size M, size N, size K, size BlkLen, bool HasZeroPoint, "
-       "compute ComputeType, size BlkBitWidth"),
-    _e("QNBitGemmPerGemmWorkspaceAlignment", "size", "size BlkLen, compute ComputeType"),
+       "compute ComputeType, size BlkBitWidth, selector Config", ANY),
+    _e("QNBitGemmPerGemmWorkspaceAlignment", "size", "size BlkLen, compute ComputeType", ANY),
     _e("SQ4BitGemmM1Kernel_CompFp32", "void", "size BlkLen, cfloats A, cbytes QuantBData, cfloats QuantBScale, "
-       "cbytes QuantBZeroPoint, floats C, size CountN, size CountK, size BlockStrideQuantB, cfloats Bias"),
+       "cbytes QuantBZeroPoint, floats C, size CountN, size CountK, size BlockStrideQuantB, cfloats Bias", FP32_4),
     _e("SQ4BitBlkDequantBForSgemm_CompFp32", "void", "size BlkLen, floats FpData, cbytes QuantBData, "
-       "cfloats QuantBScale, cbytes QuantBZeroPoint, size CountN, size CountK, size BlockStrideQuantB"),
-    _e("QuantizeARow_CompInt8", "void", "size BlkLen, cfloats A, size CountK, bytes QuantA"),
+       "cfloats QuantBScale, cbytes QuantBZeroPoint, size CountN, size CountK, size BlockStrideQuantB", FP32_4),
+    _e("QuantizeARow_CompInt8", "void", "size BlkLen, cfloats A, size CountK, bytes QuantA", INT8_4),
     _e("SQ4BitGemmKernel_CompInt8", "size", "size BlkLen, cbytes QuantA, cbytes QuantBData, cfloats QuantBScale, "
        "cbytes QuantBZeroPoint, floats C, size CountM, size CountN, size CountK, size BlockCountK, size ldc, "
-       "cfloats Bias"),
+       "cfloats Bias", INT8_4),
+    _e("QuantizeARowComputeBlkSum_CompInt8", "void", "size BlkLen, cfloats A, size CountK, bytes QuantA, "
+       "floats QuantAScale, floats AScaledGroupSum", INT8_8),
+    _e("SQ8BitGemmKernel_BlkSum_CompInt8", "size", "size BlkLen, cbytes QuantA, cfloats QuantAScale, "
+       "cbytes QuantBData, cfloats QuantBScale, cbytes QuantBZeroPoint, floats C, size CountM, size CountN, "
+       "size CountK, size BlockCountK, cfloats Bias, size ldc, cfloats ABlockSum, cfloats QuantBBlkSum, "
+       "cfloats BlkUnsignedQuantAZeroPointCorrection", INT8_8),
 )
-FP32_ENTRIES = ("SQ4BitGemmM1Kernel_CompFp32", "SQ4BitBlkDequantBForSgemm_CompFp32")
-INT8_ENTRIES = ("QuantizeARow_CompInt8", "SQ4BitGemmKernel_CompInt8")
 
 
 @dataclass(frozen=True)
 class Group:
-    """The kernels serving one (block size, compute type): they share one packed-B layout."""
+    """The kernels serving one (bits, block size, compute type): they share one packed-B layout."""
 
+    bits: int
     block: int
     compute: int
     packer: KernelPlan
@@ -89,8 +131,12 @@ class DispatchPlan:
     groups: tuple[Group, ...]
     kernels: tuple[KernelPlan, ...]
 
-    def has(self, compute: int) -> bool:
-        return any(g.compute == compute for g in self.groups)
+    def serves(self, entry: Entry) -> bool:
+        """Does some group use this entry point (so the glue assigns it)?"""
+        return not entry.serves or any((g.bits, g.compute) in entry.serves for g in self.groups)
+
+    def groups_for(self, bits: int, compute: int) -> list[Group]:
+        return [g for g in self.groups if (g.bits, g.compute) == (bits, compute)]
 
 
 def dispatch_prefix(spec_file: str) -> str:
@@ -98,28 +144,29 @@ def dispatch_prefix(spec_file: str) -> str:
 
 
 def plan_dispatch(plans: list[KernelPlan], spec_file: str) -> DispatchPlan | None:
-    """Group a spec's abi=mlas kernels by (block, compute); None if it has none."""
+    """Group a spec's abi=mlas kernels by (bits, block, compute); None if it has none."""
     mlas = [p for p in plans if p.spec.abi == "mlas"]
     if not mlas:
         return None
-    roles: dict[tuple[int, int], dict[str, KernelPlan]] = {}
+    roles: dict[tuple[int, int, int], dict[str, KernelPlan]] = {}
     for p in mlas:
         s = p.spec
         compute = COMPUTE_FP32 if s.compute == "fp32" else COMPUTE_INT8
         role = {("fp32", "gemv"): "m1", ("fp32", "gemm"): "dequant", ("int8", "gemv"): "gemv", ("int8", "gemm"): "gemm"}[(s.compute, s.op)]
-        group = roles.setdefault((s.block, compute), {})
+        group = roles.setdefault((s.bits, s.block, compute), {})
         if role in group:
-            raise SpecError(s.source, f"kernel '{s.name}': MLAS dispatch already has '{group[role].name}' as {role} kernel for block {s.block}")
+            raise SpecError(s.source, f"kernel '{s.name}': MLAS dispatch already has '{group[role].name}' as {role} kernel "
+                            f"for {s.bits}-bit block {s.block}")
         for other in group.values():
             if other.pack != p.pack:
                 raise SpecError(s.source, f"kernel '{s.name}' packs B differently from '{other.name}', but MLAS packs B once "
-                                f"per compute type and block size: give both the same unpack and panel")
+                                f"per bit width, compute type and block size: give both the same unpack and panel")
         group[role] = p
     groups = []
-    for (block, compute), g in sorted(roles.items()):
+    for (bits, block, compute), g in sorted(roles.items()):
         if compute == COMPUTE_FP32 and set(g) != {"m1", "dequant"}:
             have = next(iter(g.values()))
             raise SpecError(have.spec.source, f"MLAS CompFp32 for block {block} needs both an fp32 gemv kernel (M=1) and an "
                             f"fp32 gemm kernel (dequantize B for SGEMM); only {', '.join(sorted(g))} given")
-        groups.append(Group(block, compute, next(iter(g.values())), **g))
+        groups.append(Group(bits, block, compute, next(iter(g.values())), **g))
     return DispatchPlan(dispatch_prefix(spec_file), tuple(groups), tuple(mlas))

@@ -59,7 +59,8 @@ def run(exe: Path, cases: list[MlasCase], *, vlen: int = 256) -> list[Result]:
     for mc in cases:
         c = mc.case
         M, N, K = c.shape
-        parts += [struct.pack("<7Q", M, N, K, c.qw.block_size, mc.compute, c.qw.zero_points is not None, c.bias is not None),
+        parts += [struct.pack("<8Q", M, N, K, c.qw.block_size, mc.compute, c.qw.zero_points is not None, c.bias is not None,
+                              c.qw.bits),
                   c.A.astype(np.float32).tobytes(), c.qw.data.tobytes(), c.qw.scales.astype(np.float32).tobytes()]
         if c.qw.zero_points is not None:
             parts.append(c.qw.zero_points.tobytes())
@@ -82,7 +83,8 @@ def run(exe: Path, cases: list[MlasCase], *, vlen: int = 256) -> list[Result]:
 
 def check(d: DispatchPlan, mc: MlasCase, result: Result, *, exact: bool = False) -> Comparison:
     """Compare one case with the reference of its compute type (the group's kernels define it)."""
-    group = next((g for g in d.groups if g.block == mc.case.qw.block_size and g.compute == mc.compute), None)
+    qw = mc.case.qw
+    group = next((g for g in d.groups if (g.bits, g.block, g.compute) == (qw.bits, qw.block_size, mc.compute)), None)
     if group is None:
         ok = result.status == 1
         return Comparison(ok, 0.0, 0.0, "ok (no kernel: ORT falls back)" if ok else f"status {result.status}, expected 1")
@@ -96,12 +98,12 @@ def check(d: DispatchPlan, mc: MlasCase, result: Result, *, exact: bool = False)
 
 
 def random_case(rng: np.random.Generator, M: int, N: int, K: int, block: int, symmetric: bool, bias: bool,
-                compute: int, exact: bool = False) -> MlasCase:
+                compute: int, exact: bool = False, bits: int = 4) -> MlasCase:
     if exact:
-        A, qw = ref.exact_test_data(rng, M, N, K, 4, block, symmetric)
+        A, qw = ref.exact_test_data(rng, M, N, K, bits, block, symmetric)
         b = rng.integers(-100, 101, N).astype(np.float32) if bias else None
     else:
         A = rng.normal(0, 0.5, (M, K)).astype(np.float32)
-        qw = ref.quantize_weights(rng.normal(0, 0.5, (K, N)).astype(np.float32), 4, block, symmetric)
+        qw = ref.quantize_weights(rng.normal(0, 0.5, (K, N)).astype(np.float32), bits, block, symmetric)
         b = rng.uniform(1, 5, N).astype(np.float32) if bias else None
     return MlasCase(Case(A, qw, b), compute)

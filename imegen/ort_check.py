@@ -500,7 +500,7 @@ def run_suite(suite: Suite, *, jobs: int | None = None, log=None) -> list[Row]:
     if dispatch:
         for compiler, vlens in dispatch_runs(dispatch, suite.full):
             work.append((_run_dispatch, (suite, dispatch, compiler, vlens)))
-        needed += [(s, 4, sym, bias, _group_level(g)) for g in dispatch.groups for s, sym, bias in suite.dispatch_cases(g)]
+        needed += [(s, g.bits, sym, bias, _group_level(g)) for g in dispatch.groups for s, sym, bias in suite.dispatch_cases(g)]
     t = last = time.perf_counter()
     for i, args in enumerate(needed, 1):
         suite.ort_y(*args)
@@ -553,7 +553,7 @@ def _run_dispatch(suite: Suite, d, compiler: str, vlens, log) -> list[Row]:
     cases, meta = [], []
     for g in d.groups:
         for s, sym, bias in suite.dispatch_cases(g):
-            A, qw, b = suite.inputs(s, 4, sym)
+            A, qw, b = suite.inputs(s, g.bits, sym)
             cases.append(mlas_check.MlasCase(Case(A, qw, b if bias else None), g.compute))
             meta.append((g, s, sym, bias))
     rows = []
@@ -574,12 +574,12 @@ def _run_dispatch(suite: Suite, d, compiler: str, vlens, log) -> list[Row]:
             if r is None:
                 v = Verdict(False, np.inf, np.inf, np.inf, tolerance_text(level), "build/run failed")
             else:
-                v = compare_to_ort(r.C, suite.ort_y(s, 4, sym, bias, level), level, A=c.case.A, qw=c.case.qw,
+                v = compare_to_ort(r.C, suite.ort_y(s, g.bits, sym, bias, level), level, A=c.case.A, qw=c.case.qw,
                                    bias=c.case.bias, status=r.status)
                 ime = any(p.spec.target == "ime" for p in plans)
                 if v.ok and ime and g.compute == COMPUTE_INT8 and r.vmadots == 0:
                     v = Verdict(False, v.max_abs, v.max_rel, v.worst, v.tolerance, "IME kernels were not executed (no vmadot)")
-            rows.append(Row(s, 4, "symmetric" if sym else "asymmetric", bias, "fp32" if level == 0 else "int8",
+            rows.append(Row(s, g.bits, "symmetric" if sym else "asymmetric", bias, "fp32" if level == 0 else "int8",
                             "+".join(p.name for p in plans),
                             "mlas:" + "/".join(sorted({p.spec.target for p in plans})), label, v))
         if log:

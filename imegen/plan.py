@@ -16,7 +16,9 @@ from .ir import KernelSpec, lmul_for, register_budget
 # 512 KB L2, so A is read from L2 (and the packed B streamed once per M block) instead of A
 # streaming from DRAM once per N tile.
 A_BLOCK_BYTES = 256 * 1024
-IME_SIGNEDNESS = "su"  # A int8 signed x B raw unsigned codes; zero points are folded in the epilogue.
+# A int8 signed x B raw unsigned codes, zero points folded in the epilogue; 8-bit MLAS kernels store
+# B as signed q - 128 and fold zero points through MLAS's block sums (KernelPlan.blksum).
+IME_SIGNEDNESS = {False: "su", True: "ss"}
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,12 @@ class KernelPlan:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def blksum(self) -> bool:
+        """MLAS's 8-bit BlkSum contract: B codes stored signed (q - 128), and zero points enter as
+        C += A_blksum[m, b] * B_blksum[n, b] with A_blksum = a_scale * sum(qa), B_blksum = b_scale * (128 - zp)."""
+        return self.spec.zero_point == "blksum"
 
     @property
     def runtime_bias(self) -> bool:
@@ -222,8 +230,9 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
             for ni in range(na):
                 vs2 = b_reg[g][ni] if (spec.bits == 8 or half) else b_lo[g][ni]
                 vd = acc[mi][ni]
-                word = encode_vmadot(vd, vs1, vs2, signedness=IME_SIGNEDNESS, slide=slide)
-                ops.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic(IME_SIGNEDNESS, slide)} v{vd}, v{vs1}, v{vs2}"))
+                sign = IME_SIGNEDNESS[spec.zero_point == "blksum"]
+                word = encode_vmadot(vd, vs1, vs2, signedness=sign, slide=slide)
+                ops.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic(sign, slide)} v{vd}, v{vs1}, v{vs2}"))
     a_step = ku * 8 if (gemv or spec.abi == "mlas") else ku * ma * 32
     ops.append(AsmOp("addi", f"addi %[a], %[a], {a_step}"))
     fold = _ime_fold(spec, acc)
@@ -238,7 +247,8 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
 
 def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp, ...]:
     """Per block, on the int32 accumulator pairs (16 lanes = a 4x4 tile, lane 4r+q):
-    facc += float(dot - zp[q] * sum_a[r]) * (scale_a[r] * scale_b[q]).
+    facc += float(dot - zp[q] * sum_a[r]) * (scale_a[r] * scale_b[q]), or with MLAS block sums
+    facc += float(dot) * (scale_a[r] * scale_b[q]) + blksum_a[r] * blksum_b[q].
 
     Row and column values are loaded 4 at a time and spread over the 16 lanes with vrgather
     (index tables: lane -> q and lane -> r). All fold registers are even pairs (LMUL 2) outside
@@ -246,7 +256,7 @@ def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp
     taken = {r for row in acc for r in row}
     pairs = iter(r for r in range(0, 32, 2) if r not in taken)
     IDXC, IDXR, SA, AS, X4, SB, Y, ZP = (next(pairs) for _ in range(8))
-    asym = spec.zero_point == "asymmetric"
+    asym, blksum = spec.zero_point == "asymmetric", spec.zero_point == "blksum"
     vs = lambda n, sew="e32", lmul="m2": AsmOp("vset", f"vsetivli zero, {n}, {sew}, {lmul}, ta, ma")  # noqa: E731
     ops = [vs(16), AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q"),
            AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{IDXR}, (t1)", "lane -> row r")]
@@ -270,6 +280,16 @@ def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp
                         AsmOp("vle8", f"vle8.v v{ZP}, (t1)", "B zero points"), vs(4),
                         AsmOp("vzext", f"vzext.vf4 v{Y}, v{ZP}")]
             ops += [vs(16), AsmOp("vrgather", f"vrgather.vv v{SB}, v{X4}, v{IDXC}")]
+            if blksum:  # ZP holds the B block sums, X4 the accumulators
+                ops += [vs(4), AsmOp("addi", f"addi t1, %[bs], {ni * 16}"), AsmOp("vle32", f"vle32.v v{X4}, (t1)", "B block sums"),
+                        vs(16), AsmOp("vrgather", f"vrgather.vv v{ZP}, v{X4}, v{IDXC}")]
+                off = (mi * len(row) + ni) * 64
+                ops += [AsmOp("vfcvt", f"vfcvt.f.x.v v{vd}, v{vd}"), AsmOp("vfmul", f"vfmul.vv v{Y}, v{SA}, v{SB}", "scale_a * scale_b"),
+                        AsmOp("addi", f"addi t1, %[facc], {off}"), AsmOp("vle32", f"vle32.v v{X4}, (t1)"),
+                        AsmOp("vfmacc", f"vfmacc.vv v{X4}, v{vd}, v{Y}"),
+                        AsmOp("vfmacc", f"vfmacc.vv v{X4}, v{AS}, v{ZP}", "+ blksum_a * blksum_b"),
+                        AsmOp("vse32", f"vse32.v v{X4}, (t1)")]
+                continue
             if asym:
                 ops += [AsmOp("vrgather", f"vrgather.vv v{ZP}, v{Y}, v{IDXC}"),
                         AsmOp("vnmsac", f"vnmsac.vv v{vd}, v{ZP}, v{AS}", "dot -= zp * sum_a")]
@@ -288,7 +308,7 @@ def plan_kernel(spec: KernelSpec) -> KernelPlan:
     return KernelPlan(
         spec=spec,
         pack=_pack_layout(spec),
-        zp_default=1 << (spec.bits - 1),
+        zp_default=0 if spec.zero_point == "blksum" else 1 << (spec.bits - 1),
         k_lo=k_lo,
         k_hi=k_hi,
         a_index=a_index,

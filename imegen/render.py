@@ -65,7 +65,8 @@ def render_dispatch(d: mlas_abi.DispatchPlan, spec_file: str) -> dict[str, str]:
     ctx = dict(
         d=d, spec_file=spec_file, entries=mlas_abi.ENTRIES, E={e.member: e for e in mlas_abi.ENTRIES},
         fp32=mlas_abi.COMPUTE_FP32, int8=mlas_abi.COMPUTE_INT8, slack=mlas_abi.WORKSPACE_SLACK,
-        alignment=mlas_abi.WORKSPACE_ALIGNMENT, fp32_entries=mlas_abi.FP32_ENTRIES, int8_entries=mlas_abi.INT8_ENTRIES,
+        alignment=mlas_abi.WORKSPACE_ALIGNMENT, blksum_alignment=mlas_abi.BLKSUM_ALIGNMENT,
+        blksum_columns=mlas_abi.BLKSUM_COLUMNS, ort_commit=mlas_abi.ORT_COMMIT,
     )
     return {
         f"{d.prefix}dispatch.h": _env().get_template("dispatch.h.j2").render(**ctx),

@@ -161,8 +161,15 @@ def oracle(plan: KernelPlan, case: Case) -> tuple[np.ndarray, np.ndarray]:
     _, a_scale = ref.quantize_a_int8(case.A, case.qw.block_size)
     # Each block adds float(dot) * (a_scale * b_scale): dot is exact (< 2^24), the two products and
     # the sum round, so the fold of kb terms is within (kb + 3) * eps * sum |term|.
-    terms = np.abs(acc) * np.abs(a_scale)[:, None, :] * np.abs(case.qw.scales.astype(np.float64))[None, :, :]
-    bound = (case.qw.k_blocks + 3) * EPS32 * terms.sum(axis=2) + 2 * EPS32 * (np.abs(Y) + bias_mag)
+    mag, adds = np.abs(acc), case.qw.k_blocks
+    if plan.blksum:  # per block float(sum qa (q - 128)) * sa * sb + (sa sum qa) * (sb (128 - zp)): two terms, each rounded
+        qa, _ = ref.quantize_a_int8(case.A, case.qw.block_size)
+        qsum = qa.astype(np.int64).reshape(qa.shape[0], case.qw.k_blocks, -1).sum(axis=2)  # [M, kb]
+        shift = (128 - ref.unpack_codes(case.qw)[1]).T.astype(np.int64)  # [N, kb]
+        mag = np.abs(acc - shift[None] * qsum[:, None, :]) + np.abs(shift)[None] * np.abs(qsum)[:, None, :]
+        adds = 2 * case.qw.k_blocks + 2
+    terms = mag * np.abs(a_scale)[:, None, :] * np.abs(case.qw.scales.astype(np.float64))[None, :, :]
+    bound = (adds + 3) * EPS32 * terms.sum(axis=2) + 2 * EPS32 * (np.abs(Y) + bias_mag)
     return Y, bound
 
 

@@ -26,6 +26,10 @@ kernel s16_dq   { block = 16  compute = fp32  op = gemm  target = scalar  tile =
 kernel s16_i8   { block = 16  compute = int8  op = gemm  target = scalar  tile = 3x8 }
 kernel r64_i8   { block = 64  compute = int8  op = gemm  target = rvv     tile = 2x8  vlen = 128 }
 kernel i128_i8  { block = 128 compute = int8  op = gemm  target = ime     tile = 8x8  k_unroll = 4  unpack = planar }
+kernel s32_q8   { bits = 8  block = 32  compute = int8  op = gemm  target = scalar  tile = 3x8 }
+kernel r16_q8   { bits = 8  block = 16  compute = int8  op = gemm  target = rvv     tile = 2x8  vlen = 128 }
+kernel i64_q8v  { bits = 8  block = 64  compute = int8  op = gemv  target = ime     tile = 1x8  k_unroll = 4 }
+kernel i64_q8   { bits = 8  block = 64  compute = int8  op = gemm  target = ime     tile = 4x8  k_unroll = 2 }
 """
 
 
@@ -33,13 +37,14 @@ def _dispatch(text: str, name: str = "mixed.imegen"):
     return plan_dispatch([plan_kernel(s) for s in specs_from_text(text, name)], name)
 
 
-def _cases(rng, blocks_computes, shapes=SHAPES):
+def _cases(rng, groups, shapes=SHAPES):
+    """Cases for (block, compute[, bits]) groups over the shapes."""
     cases = []
     for i, (M, N, K) in enumerate(shapes):
-        for block, compute in blocks_computes:
+        for block, compute, *bits in groups:
             exact = i % 2 == 1 and K <= 256
             cases.append((mlas_check.random_case(rng, M, N, K, block, symmetric=i % 3 == 0, bias=i % 2 == 0,
-                                                 compute=compute, exact=exact), exact))
+                                                 compute=compute, exact=exact, bits=bits[0] if bits else 4), exact))
     return cases
 
 
@@ -54,7 +59,8 @@ def _run_and_check(d, spec_file, cases, compiler="clang"):
 def test_example_dispatch_matches_numpy_like_ort_drives_it():
     spec = "examples/ort_mlas.imegen"
     d = plan_dispatch([plan_kernel(s) for s in load_specs(spec)], spec)
-    cases = _cases(np.random.default_rng(0), [(32, COMPUTE_FP32), (32, COMPUTE_INT8)])
+    cases = _cases(np.random.default_rng(0), [(32, COMPUTE_FP32), (32, COMPUTE_INT8), (32, COMPUTE_INT8, 8)])
+    cases += _cases(np.random.default_rng(5), [(32, COMPUTE_INT8, 8)], [(130, 37, 70)])  # two 128-row ranges
     cases += _cases(np.random.default_rng(1), [(64, COMPUTE_INT8)], SHAPES[:2])  # no kernel: ORT falls back
     _run_and_check(d, spec, cases)
 
@@ -62,14 +68,33 @@ def test_example_dispatch_matches_numpy_like_ort_drives_it():
 @pytest.mark.parametrize("compiler", ["clang"])
 def test_mixed_targets_and_block_sizes(compiler):
     d = _dispatch(MIXED)
-    combos = [(16, COMPUTE_FP32), (16, COMPUTE_INT8), (64, COMPUTE_INT8), (128, COMPUTE_INT8), (32, COMPUTE_INT8)]
+    combos = [(16, COMPUTE_FP32), (16, COMPUTE_INT8), (64, COMPUTE_INT8), (128, COMPUTE_INT8), (32, COMPUTE_INT8),
+              (32, COMPUTE_INT8, 8), (16, COMPUTE_INT8, 8), (64, COMPUTE_INT8, 8), (128, COMPUTE_INT8, 8)]
     _run_and_check(d, "mixed.imegen", _cases(np.random.default_rng(2), combos, SHAPES[:6]), compiler)
 
 
 def test_gcc_builds_scalar_and_ime_dispatch():
-    d = _dispatch(MIXED.replace("kernel r64_i8", "# kernel r64_i8"))
-    _run_and_check(d, "mixed.imegen", _cases(np.random.default_rng(3), [(16, COMPUTE_INT8), (128, COMPUTE_INT8)], SHAPES[:4]),
-                   compiler="gcc")
+    d = _dispatch(MIXED.replace("kernel r64_i8", "# kernel r64_i8").replace("kernel r16_q8", "# kernel r16_q8"))
+    groups = [(16, COMPUTE_INT8), (128, COMPUTE_INT8), (32, COMPUTE_INT8, 8), (64, COMPUTE_INT8, 8)]
+    _run_and_check(d, "mixed.imegen", _cases(np.random.default_rng(3), groups, SHAPES[:4]), compiler="gcc")
+
+
+def test_a_broken_8bit_fold_is_caught():
+    """The 8-bit check can fail: an IME kernel that drops the block-sum term (zero points) must not pass."""
+    import dataclasses
+
+    d = _dispatch(MIXED)
+    g = next(g for g in d.groups if (g.bits, g.block) == (8, 64))
+    ime = g.gemm.ime
+    fold = tuple(op for op in ime.fold if "blksum_a" not in op.comment)
+    assert len(fold) < len(ime.fold)
+    broken = dataclasses.replace(g.gemm, ime=dataclasses.replace(ime, fold=fold))
+    d2 = dataclasses.replace(d, groups=tuple(dataclasses.replace(x, gemm=broken) if x is g else x for x in d.groups),
+                             kernels=tuple(broken if k is g.gemm else k for k in d.kernels))
+    rng = np.random.default_rng(6)
+    case = mlas_check.random_case(rng, 9, 20, 150, 64, symmetric=False, bias=False, compute=COMPUTE_INT8, bits=8)
+    [res] = mlas_check.run(mlas_check.build(d2, "mixed.imegen"), [case])
+    assert not mlas_check.check(d2, case, res).ok
 
 
 def test_a_broken_kernel_is_caught():
@@ -99,7 +124,7 @@ def test_dispatch_groups_are_validated(text, message):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("kernel a { abi = mlas  bits = 8 }", "4-bit"),
+    ("kernel a { abi = mlas  bits = 8  compute = fp32 }", "needs compute = int8"),
     ("kernel a { abi = mlas  bias = yes }", "bias from ORT at run time"),
     ("kernel a { abi = mlas  zero_point = symmetric }", "zero points from ORT at run time"),
     ("kernel a { abi = mlas  panel = 32  tile = 1x32 }", "must divide 16"),
@@ -110,36 +135,125 @@ def test_mlas_settings_are_validated(text, message):
         specs_from_text(text)
 
 
-# A stand-in for the parts of ORT's headers the glue uses (mlasi.h / qnbitgemm.h), to check that
-# the generated C++ declarations match MLAS's member types: a mismatch does not compile.
+# A stand-in for the parts of ORT's headers the glue uses (mlasi.h / qnbitgemm.h at the pinned
+# commit, mlas_abi.ORT_COMMIT), written from their declarations: a wrapper whose signature differs
+# from MLAS's member type does not compile.
 ORT_STUB = """
 #pragma once
 #include <cstddef>
 #include <cstdint>
 struct MLAS_THREADPOOL;
+struct MLAS_BACKEND_KERNEL_SELECTOR_CONFIG { bool use_kleidiai = true; };
 enum MLAS_QNBIT_GEMM_COMPUTE_TYPE { SQNBIT_CompFp32, HQNBIT_CompFp16, BHQNBIT_CompBf16, SQNBIT_CompInt8, HQNBIT_CompInt8 };
+template <typename T, int BlkBitWidth>
+struct PackedQuantBDataStruct {
+  std::byte* PackedQuantBData;
+  T* PackedQuantBScale;
+  T* QuantBBlkSum;
+  T* BlkUnsignedQuantAZeroPointCorrection;
+};
+using Sel = const MLAS_BACKEND_KERNEL_SELECTOR_CONFIG*;
 struct MLAS_QNBIT_GEMM_DISPATCH {
-  size_t (*Q4BitGemmPackQuantBDataSize)(size_t, size_t, size_t, bool, MLAS_QNBIT_GEMM_COMPUTE_TYPE) = nullptr;
-  void (*SQ4BitGemmPackQuantBData)(size_t, size_t, size_t, MLAS_QNBIT_GEMM_COMPUTE_TYPE, const std::byte*, std::byte*, MLAS_THREADPOOL*) = nullptr;
-  size_t (*QNBitGemmPerGemmWorkspaceSize)(size_t, size_t, size_t, size_t, bool, MLAS_QNBIT_GEMM_COMPUTE_TYPE, size_t) = nullptr;
+  size_t (*Q4BitGemmPackQuantBDataSize)(size_t, size_t, size_t, bool, MLAS_QNBIT_GEMM_COMPUTE_TYPE, Sel) = nullptr;
+  size_t (*Q8BitGemmPackQuantBDataSize)(size_t, size_t, size_t, bool, MLAS_QNBIT_GEMM_COMPUTE_TYPE, Sel) = nullptr;
+  void (*SQ4BitGemmPackQuantBData)(size_t, size_t, size_t, MLAS_QNBIT_GEMM_COMPUTE_TYPE, const std::byte*, std::byte*, MLAS_THREADPOOL*, Sel) = nullptr;
+  void (*SQ8BitGemmPackQuantBDataAndBlkSum)(size_t, size_t, size_t, MLAS_QNBIT_GEMM_COMPUTE_TYPE, const std::byte*, const float*, bool,
+                                            const std::byte*, PackedQuantBDataStruct<float, 8>&, MLAS_THREADPOOL*, Sel) = nullptr;
+  size_t (*QNBitGemmPerGemmWorkspaceSize)(size_t, size_t, size_t, size_t, bool, MLAS_QNBIT_GEMM_COMPUTE_TYPE, size_t, Sel) = nullptr;
   size_t (*QNBitGemmPerGemmWorkspaceAlignment)(size_t, MLAS_QNBIT_GEMM_COMPUTE_TYPE) = nullptr;
   void (*SQ4BitGemmM1Kernel_CompFp32)(size_t, const float*, const std::byte*, const float*, const std::byte*, float*, size_t, size_t, size_t, const float*) = nullptr;
   void (*SQ4BitBlkDequantBForSgemm_CompFp32)(size_t, float*, const std::byte*, const float*, const std::byte*, size_t, size_t, size_t) = nullptr;
   void (*QuantizeARow_CompInt8)(size_t, const float*, size_t, std::byte*) = nullptr;
   size_t (*SQ4BitGemmKernel_CompInt8)(size_t, const std::byte*, const std::byte*, const float*, const std::byte*, float*, size_t, size_t, size_t, size_t, size_t, const float*) = nullptr;
+  void (*QuantizeARowComputeBlkSum_CompInt8)(size_t, const float*, size_t, std::byte*, float*, float*) = nullptr;
+  size_t (*SQ8BitGemmKernel_BlkSum_CompInt8)(size_t, const std::byte*, const float*, const std::byte*, const float*, const std::byte*, float*, size_t, size_t,
+                                             size_t, size_t, const float*, size_t, const float*, const float*, const float*) = nullptr;
 };
 """
 
 
-def test_ort_glue_compiles_against_mlas_types(tmp_path):
-    spec = "examples/ort_mlas.imegen"
-    files = render_spec([plan_kernel(s) for s in load_specs(spec)], spec)
+def _glue_dir(tmp_path, spec: str, text: str | None = None):
+    plans = [plan_kernel(s) for s in (specs_from_text(text, spec) if text else load_specs(spec))]
+    files = render_spec(plans, spec)
+    for name, body in files.items():
+        (tmp_path / name).write_text(body)
     (tmp_path / "qnbitgemm.h").write_text(ORT_STUB)
     (tmp_path / "mlasi.h").write_text("#pragma once\n")
-    glue = tmp_path / "glue.cpp"
-    glue.write_text(files["ort_mlas_mlas_dispatch.cpp"])
-    subprocess.run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-c", str(glue), "-I", str(tmp_path),
+    return files
+
+
+@pytest.mark.parametrize("spec, text", [("examples/ort_mlas.imegen", None),
+                                        ("only8.imegen", "kernel a { abi = mlas  bits = 8  compute = int8 }")])
+def test_ort_glue_compiles_against_mlas_types(tmp_path, spec, text):
+    files = _glue_dir(tmp_path, spec, text)
+    glue = next(n for n in files if n.endswith("mlas_dispatch.cpp"))
+    subprocess.run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-c", str(tmp_path / glue), "-I", str(tmp_path),
                     "-o", str(tmp_path / "glue.o")], check=True)
+
+
+GLUE_8BIT_MAIN = r"""
+// Drives the 8-bit entries through the C++ glue (host build, scalar kernel): pack into three
+// separate regions, quantize A, run the kernel; prints the regions and C for the test to check.
+#include <cstdio>
+#include <vector>
+#include "qnbitgemm.h"
+extern const MLAS_QNBIT_GEMM_DISPATCH MlasSQNBitGemmDispatchImegen;
+int main() {
+  const size_t M = 2, N = 3, K = 40, BlkLen = 32, kb = 2;
+  std::vector<unsigned char> b(N * kb * BlkLen), zp(N * kb);
+  std::vector<float> scales(N * kb), a(M * K), c(M * N), psc(N * kb), bsum(16 * kb);
+  for (size_t i = 0; i < b.size(); i++) b[i] = (unsigned char)(i * 37 % 256);
+  for (size_t i = 0; i < N * kb; i++) { scales[i] = 0.5f + i; zp[i] = (unsigned char)(100 + 3 * i); }
+  for (size_t i = 0; i < a.size(); i++) a[i] = (float)((int)(i * 7 % 19) - 9) / 4;
+  std::vector<std::byte> packed(N * kb * BlkLen);
+  PackedQuantBDataStruct<float, 8> s{packed.data(), psc.data(), bsum.data(), nullptr};
+  const auto& d = MlasSQNBitGemmDispatchImegen;
+  d.SQ8BitGemmPackQuantBDataAndBlkSum(N, K, BlkLen, SQNBIT_CompInt8, (const std::byte*)b.data(), scales.data(), true, nullptr, s, nullptr, nullptr);
+  d.SQ8BitGemmPackQuantBDataAndBlkSum(N, K, BlkLen, SQNBIT_CompInt8, nullptr, nullptr, true, (const std::byte*)zp.data(), s, nullptr, nullptr);
+  std::vector<std::byte> qa(M * kb * BlkLen);
+  std::vector<float> qs(M * kb), qsum(M * kb);
+  for (size_t m = 0; m < M; m++)
+    d.QuantizeARowComputeBlkSum_CompInt8(BlkLen, a.data() + m * K, K, qa.data() + m * kb * BlkLen, qs.data() + m * kb, qsum.data() + m * kb);
+  d.SQ8BitGemmKernel_BlkSum_CompInt8(BlkLen, qa.data(), qs.data(), packed.data(), psc.data(), nullptr, c.data(), M, N, K, kb,
+                                     nullptr, N, qsum.data(), bsum.data(), nullptr);
+  for (float x : psc) std::printf("%.9g ", x);
+  std::printf("\n");
+  for (size_t i = 0; i < N * kb; i++) std::printf("%.9g ", bsum[i]);
+  std::printf("\n");
+  for (float x : c) std::printf("%.9g ", x);
+  std::printf("\n");
+}
+"""
+
+
+def test_ort_glue_routes_8bit_regions_and_computes(tmp_path):
+    """The glue's struct unpacking and casts, run natively (scalar kernel): scales and block sums land
+    in their own regions, and C matches the NumPy reference."""
+    from imegen import reference as ref
+    from imegen.verify import Case, Result, compare
+
+    text = "kernel s8 { abi = mlas  bits = 8  compute = int8  target = scalar  tile = 2x4  panel = 4 }"
+    files = _glue_dir(tmp_path, "glue8.imegen", text)
+    (tmp_path / "main.cpp").write_text(GLUE_8BIT_MAIN)
+    objs = []
+    for name in [n for n in files if n.endswith(".c")]:
+        subprocess.run(["gcc", "-O1", "-Wall", "-Wextra", "-Werror", "-c", name, "-o", name + ".o"], cwd=tmp_path, check=True)
+        objs.append(name + ".o")
+    subprocess.run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I.", "main.cpp", "glue8_mlas_dispatch.cpp", *objs,
+                    "-o", "glue8"], cwd=tmp_path, check=True)
+    lines = subprocess.run([str(tmp_path / "glue8")], capture_output=True, text=True, check=True).stdout.splitlines()
+    psc, bsum, C = (np.array(line.split(), np.float64) for line in lines)
+    M, N, K, blk, kb = 2, 3, 40, 32, 2
+    scales = 0.5 + np.arange(N * kb, dtype=np.float32)
+    zp = (100 + 3 * np.arange(N * kb)).astype(np.uint8)
+    assert np.array_equal(psc, scales)
+    assert np.array_equal(bsum, scales * (128.0 - zp))
+    data = (np.arange(N * kb * blk) * 37 % 256).astype(np.uint8).reshape(N, kb, blk)
+    A = (((np.arange(M * K) * 7 % 19) - 9) / 4).astype(np.float32).reshape(M, K)
+    qw = ref.QuantizedWeights(data, scales.reshape(N, kb), zp.reshape(N, kb), K, N, 8, blk)
+    plan = plan_kernel(specs_from_text(text, "glue8.imegen")[0])
+    verdict = compare(plan, Case(A, qw, None), Result(0, 0, C.astype(np.float32).reshape(M, N)))
+    assert verdict.ok, verdict.message
 
 
 def test_imegen_check_runs_mlas_kernels_through_their_dispatch(capsys):
@@ -152,12 +266,13 @@ def test_imegen_check_runs_mlas_kernels_through_their_dispatch(capsys):
 
 @st.composite
 def mlas_groups(draw):
-    """One (block, compute) group of abi=mlas kernels, drawn from the DSL's values."""
+    """One (bits, block, compute) group of abi=mlas kernels, drawn from the DSL's values."""
     block = draw(st.sampled_from([16, 32, 64, 128, 256]))
-    compute = draw(st.sampled_from(["fp32", "int8"]))
+    bits = draw(st.sampled_from([4, 8]))
+    compute = "int8" if bits == 8 else draw(st.sampled_from(["fp32", "int8"]))
     target = "scalar" if compute == "fp32" and draw(st.booleans()) else draw(st.sampled_from(["scalar", "rvv"] + (["ime"] if compute == "int8" else [])))
     tn = draw(st.sampled_from([4, 8, 16]))
-    common = f"abi = mlas  block = {block}  compute = {compute}  target = {target}  panel = {tn}  unpack = " + (
+    common = f"abi = mlas  bits = {bits}  block = {block}  compute = {compute}  target = {target}  panel = {tn}  unpack = " + (
         "planar" if target == "ime" else draw(st.sampled_from(["planar", "interleaved"])))
     if target == "ime":
         ku = draw(st.sampled_from([k for k in (2, 4) if block % (8 * k) == 0]))
@@ -169,20 +284,21 @@ def mlas_groups(draw):
         text = f"kernel m1 {{ {common}  op = gemv  tile = 1x{tn} }}\nkernel dq {{ {common}  op = gemm  tile = 1x{tn} }}"
     else:
         text = f"kernel g1 {{ {common}  op = gemv  tile = 1x{tn} }}\nkernel gm {{ {common}  op = gemm  tile = {tm}x{tn} }}"
-    return block, (COMPUTE_FP32 if compute == "fp32" else COMPUTE_INT8), text
+    return bits, block, (COMPUTE_FP32 if compute == "fp32" else COMPUTE_INT8), text
 
 
 @given(mlas_groups(), st.data())
 def test_mlas_dispatch_property(group, data):
-    block, compute, text = group
+    bits, block, compute, text = group
     try:
         d = _dispatch(text, "prop.imegen")
     except SpecError:
         assume(False)
-    shapes = [(data.draw(st.integers(1, 9)), data.draw(st.integers(1, 70)), data.draw(st.integers(1, 3 * block + 5)))
+    max_m = 140 if bits == 8 else 9  # 8-bit: the kernel takes MLAS's whole 128-row range
+    shapes = [(data.draw(st.integers(1, max_m)), data.draw(st.integers(1, 70)), data.draw(st.integers(1, 3 * block + 5)))
               for _ in range(3)]
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     cases = [(mlas_check.random_case(rng, M, N, K, block, data.draw(st.booleans()), data.draw(st.booleans()), compute,
-                                     exact=exact), exact)
+                                     exact=exact, bits=bits), exact)
              for (M, N, K), exact in zip(shapes, (False, True, False))]
     _run_and_check(d, "prop.imegen", cases)

@@ -283,6 +283,7 @@ def test_mlas_abi_kernels_run_through_their_dispatch(capsys):
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if " mlas:" in line and " PASS" in line]
     n_cases = 2 * sum(len(s.bias) for s in oc.fast_shapes() if s.block == 32)  # sym/asym x bias modes
-    assert len(rows) == 2 * n_cases  # CompFp32 and CompInt8 groups
+    assert len(rows) == 3 * n_cases  # 4-bit CompFp32 and CompInt8, 8-bit CompInt8 groups
     assert any("fp32 (level 0)" in r and "mlas:rvv" in r for r in rows)
     assert any("int8 (level 4)" in r and "mlas:ime" in r and "asym  yes" in r for r in rows)
+    assert sum(r.split()[2] == "8" for r in rows) == n_cases  # the bits column

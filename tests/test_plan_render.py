@@ -115,7 +115,7 @@ def check_ime_body(plan: KernelPlan) -> None:
             m = WORD.fullmatch(op.text)
             assert m, op.text
             d = decode_vmadot(int(m[1], 16))  # raises on anything that is not a legal vmadot
-            assert d["signedness"] == IME_SIGNEDNESS
+            assert d["signedness"] == IME_SIGNEDNESS[plan.blksum]
             assert op.comment == f"{d['mnemonic']} v{d['vd']}, v{d['vs1']}, v{d['vs2']}"
             assert d["vd"] in pairs, f"{op.comment}: v{d['vd']} is not an accumulator"
             assert d["vs1"] in written and d["vs2"] in written, f"{op.comment}: operand not loaded"

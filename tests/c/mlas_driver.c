@@ -2,12 +2,17 @@
  * A stand-in for MLAS's MlasQNBitGemmBatch (ORT's qnbitgemm.cpp), written from its documented
  * contract, to run imegen's generated MLAS dispatch the way ORT would:
  *   - PackQuantBDataSize == 0 means "not available" (ORT falls back to its own path);
- *   - pack B once; packed B, scales and zero points are addressed per column (n * ldb, n * kb);
+ *   - packed B, scales and zero points are addressed per column (n * ldb, n * kb);
  *   - N is split at multiples of 16 (thread ranges), then walked in chunks (128 for M1 and
  *     CompInt8, 32 for the dequantize + SGEMM path);
- *   - CompInt8: each row quantized into Q8 blocks, kernel called until all rows are handled.
- * Input per case (little-endian): u64 M, N, K, BlkLen, compute, has_zp, has_bias; f32 A[M][K];
- * u8 B[N][kb][BlkLen/2]; f32 scales[N][kb]; [u8 zp[N][(kb+1)/2]]; [f32 bias[N]].
+ *   - 4-bit: B packed once (plus ORT's scale-only call); CompInt8 rows quantized into Q8 blocks,
+ *     the kernel called until all rows are handled;
+ *   - 8-bit (BlkSum): pack called three times (B with scales, scales, zero points) into the
+ *     regions of PackedQuantBDataStruct<float, 8> on a non-x86, non-ARM64 build, poisoned first;
+ *     A quantized into PerGemmQuantAWorkspace; M split in ranges of 128 rows, each range's rows
+ *     handed to the kernel in one call.
+ * Input per case (little-endian): u64 M, N, K, BlkLen, compute, has_zp, has_bias, bits; f32 A[M][K];
+ * u8 B[N][kb][BlkLen*bits/8]; f32 scales[N][kb]; [u8 zp[N][4-bit: (kb+1)/2, 8-bit: kb]]; [f32 bias[N]].
  * Output per case: i32 status (0 ok, 1 no kernel for this BlkLen/compute); u64 vmadot; f32 C[M][N].
  */
 #include IMEGEN_DISPATCH_HEADER /* -DIMEGEN_DISPATCH_HEADER="\"<prefix>dispatch.h\"" */
@@ -105,6 +110,92 @@ static void int8_gemm(size_t BlkLen, size_t M, size_t K, size_t kb, const uint8_
     }
 }
 
+static int sq4(size_t BlkLen, int compute, size_t M, size_t N, size_t K, const float *A, const uint8_t *B,
+               const float *scales, const uint8_t *zp, const float *bias, float *C)
+{
+    const size_t kb = (K + BlkLen - 1) / BlkLen;
+    const size_t size = D(Q4BitGemmPackQuantBDataSize)(N, K, BlkLen, zp != NULL, compute);
+    if (size == 0)
+        return 1;
+    uint8_t *packed = malloc(size);
+    D(SQ4BitGemmPackQuantBData)(N, K, BlkLen, compute, B, packed, NULL);
+    D(SQ4BitGemmPackQuantBData)(N, K, BlkLen, compute, NULL, packed, NULL); /* ORT's scale-only call */
+    const size_t split = range_split(N);
+    const size_t ranges[2][2] = { { 0, split }, { split, N } };
+    if (compute == IMEGEN_COMPUTE_INT8) {
+        const size_t qlda = kb * (BlkLen + 4);
+        const size_t align = D(QNBitGemmPerGemmWorkspaceAlignment)(BlkLen, compute);
+        uint8_t *ws = aligned_alloc(align, (D(QNBitGemmPerGemmWorkspaceSize)(M, N, K, BlkLen, zp != NULL, compute, 4) + align - 1) / align * align);
+        for (size_t m = 0; m < M; m++)
+            D(QuantizeARow_CompInt8)(BlkLen, A + m * K, K, ws + m * qlda);
+        for (int r = 0; r < 2; r++)
+            int8_gemm(BlkLen, M, K, kb, ws, qlda, packed, scales, zp, bias, C, N, ranges[r][0], ranges[r][1]);
+        free(ws);
+    } else {
+        for (int r = 0; r < 2; r++) {
+            if (M == 1)
+                fp32_m1(BlkLen, K, kb, A, packed, scales, zp, bias, C, ranges[r][0], ranges[r][1]);
+            else
+                fp32_sgemm(BlkLen, M, K, kb, A, packed, scales, zp, bias, C, N, ranges[r][0], ranges[r][1]);
+        }
+    }
+    free(packed);
+    return 0;
+}
+
+/* PackedQuantBDataStruct<float, 8>'s regions for a workspace of `size` bytes (RISC-V: no alignment
+ * of the data itself; block sums 64-byte aligned, N rounded up to 16; then the scales). */
+static void sq8_regions(uint8_t *ws, size_t size, size_t N, size_t kb, size_t BlkLen, float **blksum, float **scales)
+{
+    const uintptr_t end = (uintptr_t)(ws + N * kb * BlkLen);
+    *blksum = (float *)((end + 63) & ~(uintptr_t)63);
+    *scales = *blksum + (N + 15) / 16 * 16 * kb;
+    if ((uint8_t *)(*scales + N * kb) > ws + size)
+        die("Q8BitGemmPackQuantBDataSize is smaller than ORT's PackedQuantBDataStruct layout");
+}
+
+static int sq8(size_t BlkLen, size_t M, size_t N, size_t K, const float *A, const uint8_t *B, const float *scales,
+               const uint8_t *zp, const float *bias, float *C)
+{
+    const int compute = IMEGEN_COMPUTE_INT8;
+    const size_t kb = (K + BlkLen - 1) / BlkLen, ldb = kb * BlkLen, lda = kb * BlkLen;
+    const size_t size = D(Q8BitGemmPackQuantBDataSize)(N, K, BlkLen, zp != NULL, compute);
+    if (size == 0)
+        return 1;
+    uint8_t *packed = aligned_alloc(64, (size + 63) / 64 * 64);
+    memset(packed, 0xa5, size); /* a kernel reading what pack did not write sees garbage */
+    float *blksum, *pscales;
+    sq8_regions(packed, size, N, kb, BlkLen, &blksum, &pscales);
+    D(SQ8BitGemmPackQuantBDataAndBlkSum)(N, K, BlkLen, compute, B, scales, zp != NULL, NULL, packed, pscales, blksum, NULL);
+    D(SQ8BitGemmPackQuantBDataAndBlkSum)(N, K, BlkLen, compute, NULL, scales, zp != NULL, NULL, packed, pscales, blksum, NULL);
+    if (zp)
+        D(SQ8BitGemmPackQuantBDataAndBlkSum)(N, K, BlkLen, compute, NULL, NULL, true, zp, packed, pscales, blksum, NULL);
+
+    const size_t align = D(QNBitGemmPerGemmWorkspaceAlignment)(BlkLen, compute);
+    const size_t wsize = D(QNBitGemmPerGemmWorkspaceSize)(M, N, K, BlkLen, zp != NULL, compute, 8);
+    uint8_t *ws = aligned_alloc(align, (wsize + align - 1) / align * align);
+    memset(ws, 0xa5, wsize);
+    uint8_t *qa = ws; /* PerGemmQuantAWorkspace: int8 A [M][lda], scales [M][kb], block sums [M][kb] */
+    float *qscale = (float *)(qa + M * lda), *qsum = qscale + M * kb;
+    for (size_t m = 0; m < M; m++)
+        D(QuantizeARowComputeBlkSum_CompInt8)(BlkLen, A + m * K, K, qa + m * lda, qscale + m * kb, qsum + m * kb);
+    const size_t split = range_split(N);
+    const size_t nranges[2][2] = { { 0, split }, { split, N } };
+    for (size_t m0 = 0; m0 < M; m0 += 128) {
+        const size_t cm = M - m0 < 128 ? M - m0 : 128;
+        for (int r = 0; r < 2; r++)
+            for (size_t n = nranges[r][0]; n < nranges[r][1]; n += 128) {
+                const size_t cn = nranges[r][1] - n < 128 ? nranges[r][1] - n : 128;
+                D(SQ8BitGemmKernel_BlkSum_CompInt8)(BlkLen, qa + m0 * lda, qscale + m0 * kb, packed + n * ldb, pscales + n * kb,
+                                                    zp ? zp + n * kb : NULL, C + m0 * N + n, cm, cn, K, kb, bias ? bias + n : NULL,
+                                                    N, qsum + m0 * kb, blksum + n * kb, NULL);
+            }
+    }
+    free(ws);
+    free(packed);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3)
@@ -121,43 +212,19 @@ int main(int argc, char **argv)
     for (uint64_t t = 0; t < ncases; t++) {
         const size_t M = read_u64(in), N = read_u64(in), K = read_u64(in), BlkLen = read_u64(in);
         const int compute = (int)read_u64(in), has_zp = (int)read_u64(in), has_bias = (int)read_u64(in);
-        const size_t kb = (K + BlkLen - 1) / BlkLen;
+        const size_t bits = read_u64(in), kb = (K + BlkLen - 1) / BlkLen;
         float *A = read_exact(in, M * K * sizeof(float));
-        uint8_t *B = read_exact(in, N * kb * BlkLen / 2);
+        uint8_t *B = read_exact(in, N * kb * BlkLen * bits / 8);
         float *scales = read_exact(in, N * kb * sizeof(float));
-        uint8_t *zp = has_zp ? read_exact(in, N * ((kb + 1) / 2)) : NULL;
+        uint8_t *zp = has_zp ? read_exact(in, N * (bits == 8 ? kb : (kb + 1) / 2)) : NULL;
         float *bias = has_bias ? read_exact(in, N * sizeof(float)) : NULL;
         float *C = calloc(M * N + 1, sizeof(float));
         int32_t status = 0;
         const unsigned long before = vmadots();
-        const size_t size = D(Q4BitGemmPackQuantBDataSize)(N, K, BlkLen, has_zp, compute);
-        if (size == 0) {
-            status = 1;
-        } else {
-            uint8_t *packed = malloc(size);
-            D(SQ4BitGemmPackQuantBData)(N, K, BlkLen, compute, B, packed, NULL);
-            D(SQ4BitGemmPackQuantBData)(N, K, BlkLen, compute, NULL, packed, NULL); /* ORT's scale-only call */
-            const size_t split = range_split(N);
-            const size_t ranges[2][2] = { { 0, split }, { split, N } };
-            if (compute == IMEGEN_COMPUTE_INT8) {
-                const size_t qlda = kb * (BlkLen + 4);
-                const size_t align = D(QNBitGemmPerGemmWorkspaceAlignment)(BlkLen, compute);
-                uint8_t *ws = aligned_alloc(align, (D(QNBitGemmPerGemmWorkspaceSize)(M, N, K, BlkLen, has_zp, compute, 4) + align - 1) / align * align);
-                for (size_t m = 0; m < M; m++)
-                    D(QuantizeARow_CompInt8)(BlkLen, A + m * K, K, ws + m * qlda);
-                for (int r = 0; r < 2; r++)
-                    int8_gemm(BlkLen, M, K, kb, ws, qlda, packed, scales, zp, bias, C, N, ranges[r][0], ranges[r][1]);
-                free(ws);
-            } else {
-                for (int r = 0; r < 2; r++) {
-                    if (M == 1)
-                        fp32_m1(BlkLen, K, kb, A, packed, scales, zp, bias, C, ranges[r][0], ranges[r][1]);
-                    else
-                        fp32_sgemm(BlkLen, M, K, kb, A, packed, scales, zp, bias, C, N, ranges[r][0], ranges[r][1]);
-                }
-            }
-            free(packed);
-        }
+        if (bits == 8)
+            status = compute == IMEGEN_COMPUTE_INT8 ? sq8(BlkLen, M, N, K, A, B, scales, zp, bias, C) : 1;
+        else
+            status = sq4(BlkLen, compute, M, N, K, A, B, scales, zp, bias, C);
         const uint64_t executed = vmadots() - before;
         fwrite(&status, sizeof status, 1, out);
         fwrite(&executed, sizeof executed, 1, out);
