@@ -82,12 +82,22 @@ def cmd_list(args) -> int:
 
 def explain(plan: KernelPlan) -> str:
     s, L = plan.spec, plan.pack
+    if s.abi == "mlas":
+        loops = "MLAS hands over the rows (M outer), N tiles inner"
+        a_ws = ("MLAS PerGemmQuantAWorkspace: int8 rows k_blocks*BLK bytes apart, per-block fp32 scale and scale*sum(q)"
+                if plan.blksum else "MLAS Q8 blocks per row: [fp32 scale][BLK x int8]" if s.compute == "int8" else "ORT's fp32 rows")
+    else:
+        loops = "N tiles outer, M tiles inner"
+        a_ws = f"{'int8, per-block scale and sum' if s.compute == 'int8' else 'fp32 copy'}; A[m][k] at {plan.a_index}"
     lines = [f"kernel {plan.name}", f"  config      {s.describe()}",
-             f"  tile        {s.tile_m}x{s.tile_n} outputs per micro-kernel call; loops: N tiles outer, M tiles inner",
+             f"  tile        {s.tile_m}x{s.tile_n} outputs per micro-kernel call; loops: {loops}",
              f"  packed B    panels of {L.panel} columns; per (panel, block): {L.data_bytes} data B, "
              f"{L.scale_bytes} scale B, {L.zp_bytes} zero-point B, scales {s.scales}",
-             f"              element (c, kk) -> byte {L.byte}, shift {L.shift}",
-             f"  A workspace {'int8, per-block scale and sum' if s.compute == 'int8' else 'fp32 copy'}; A[m][k] at {plan.a_index}"]
+             f"              element (c, kk) -> byte {L.byte}, shift {L.shift}"]
+    if plan.blksum:
+        lines.append(f"              codes stored as q - 128; the last N % {L.panel} columns in ORT's order; scales and "
+                     "block sums in ORT's PackedQuantBDataStruct regions")
+    lines.append(f"  A workspace {a_ws}")
     if plan.budget:
         lines.append("  registers   " + ", ".join(f"{k} {v}" for k, v in plan.budget.items())
                      + f" = {sum(plan.budget.values())} of 32")
