@@ -43,6 +43,8 @@ def test_hook_cross_builds_and_runs_under_qemu(tmp_path):
     rng = np.random.default_rng(5)
     cases = [mlas_check.random_case(rng, M, N, K, 32, symmetric=M % 2 == 0, bias=True, compute=c)
              for c in (COMPUTE_FP32, COMPUTE_INT8) for M, N, K in [(1, 40, 93), (6, 33, 64)]]
+    cases += [mlas_check.random_case(rng, M, N, K, 32, symmetric=M % 2 == 0, bias=True, compute=COMPUTE_INT8, bits=8)
+              for M, N, K in [(1, 40, 93), (6, 33, 64)]]
     results = mlas_check.run(tmp_path / "build" / "mlas_driver", cases)
     for case, res in zip(cases, results):
         verdict = mlas_check.check(d, case, res)
