@@ -12,6 +12,12 @@
 
 #include <math.h>
 #include <string.h>
+/* RVV intrinsics where the compiler has them (clang; GCC 12 has no riscv_vector.h): the rvv target
+ * needs them, IME kernels use them for helpers and fall back to plain C without. */
+#if defined(__riscv_vector) && __has_include(<riscv_vector.h>)
+#include <riscv_vector.h>
+#define IMEGEN_RVV_INTRINSICS 1
+#endif
 
 /* GCC 12 does not know vector register names in clobber lists (and never allocates vector
  * registers itself); clang does, and must be told. */
@@ -108,15 +114,10 @@ size_t q4_decode_ime_workspace_size(size_t M, size_t K)
     return q4_decode_ime_qa_bytes(M, kb * BLK) + Mpad * kb * (sizeof(float) + sizeof(int32_t));
 }
 
-#if defined(__riscv_vector) && __has_include(<riscv_vector.h>)
-#include <riscv_vector.h>
-#define Q4_DECODE_IME_VECTOR_QUANTIZE 1
-#endif
-
 /* MLAS CompInt8 quantization of one block of A: scale = max|a| / 127, q = round-half-away(a / scale). */
 static float q4_decode_ime_quantize_block(const float *x, size_t n, int8_t *q)
 {
-#ifdef Q4_DECODE_IME_VECTOR_QUANTIZE
+#ifdef IMEGEN_RVV_INTRINSICS
     vfloat32m1_t red = __riscv_vfmv_s_f_f32m1(0.0f, 1);
     for (size_t k = 0, vl; k < n; k += vl) {
         vl = __riscv_vsetvl_e32m8(n - k);
@@ -385,7 +386,7 @@ static void q4_decode_ime_tile(const q4_decode_ime_aview *av, const q4_decode_im
             : [bstride] "r"((size_t)256), [facc] "r"(facc), [idx] "r"(q4_decode_ime_fold_index),
               [sb] "r"(ch.scales + c0), [zp] "r"(ch.zp + c0),
               [sas] "r"(sas), [ass] "r"(ass), [sa4] "r"(4 * sas), [as4] "r"(4 * ass)
-            : "t0", "t1", "memory" IMEGEN_VCLOBBERS("v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25"));
+            : "t0", "t1", "memory" IMEGEN_VCLOBBERS("vl", "vtype", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25"));
     }
     for (size_t i = 0; i < rows; i++)
         for (size_t j = 0; j < cols; j++)

@@ -12,7 +12,12 @@
 
 #include <math.h>
 #include <string.h>
+/* RVV intrinsics where the compiler has them (clang; GCC 12 has no riscv_vector.h): the rvv target
+ * needs them, IME kernels use them for helpers and fall back to plain C without. */
+#if defined(__riscv_vector) && __has_include(<riscv_vector.h>)
 #include <riscv_vector.h>
+#define IMEGEN_RVV_INTRINSICS 1
+#endif
 
 #define BLK 32
 #define NB 16
