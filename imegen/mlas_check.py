@@ -54,7 +54,8 @@ def build(d: DispatchPlan, spec_file: str, *, compiler: str = "clang") -> Path:
     return cached_dir(CACHE / f"mlas-{d.prefix}{key}", fill) / "driver"
 
 
-def run(exe: Path, cases: list[MlasCase], *, vlen: int = 256) -> list[Result]:
+def encode(cases: list[MlasCase]) -> bytes:
+    """The driver's input file (see tests/c/mlas_driver.c)."""
     parts = [struct.pack("<Q", len(cases))]
     for mc in cases:
         c = mc.case
@@ -66,11 +67,10 @@ def run(exe: Path, cases: list[MlasCase], *, vlen: int = 256) -> list[Result]:
             parts.append(c.qw.zero_points.tobytes())
         if c.bias is not None:
             parts.append(c.bias.astype(np.float32).tobytes())
-    with tempfile.TemporaryDirectory() as tmp:
-        inp, outp = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
-        inp.write_bytes(b"".join(parts))
-        toolchain.run(exe, [str(inp), str(outp)], vlen=vlen)
-        raw = outp.read_bytes()
+    return b"".join(parts)
+
+
+def decode(raw: bytes, cases: list[MlasCase]) -> list[Result]:
     results, pos = [], 0
     for mc in cases:
         M, N, _ = mc.case.shape
@@ -79,6 +79,15 @@ def run(exe: Path, cases: list[MlasCase], *, vlen: int = 256) -> list[Result]:
         pos += 12 + 4 * M * N
         results.append(Result(status, vmadots, C))
     return results
+
+
+def run(exe: Path, cases: list[MlasCase], *, vlen: int = 256, runner=None) -> list[Result]:
+    """Run the cases in one driver process; `runner(exe, args)` replaces plain QEMU (e.g. counting)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, outp = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
+        inp.write_bytes(encode(cases))
+        (runner or (lambda e, a: toolchain.run(e, a, vlen=vlen)))(exe, [str(inp), str(outp)])
+        return decode(outp.read_bytes(), cases)
 
 
 def check(d: DispatchPlan, mc: MlasCase, result: Result, *, exact: bool = False) -> Comparison:

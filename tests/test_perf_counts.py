@@ -140,3 +140,24 @@ def test_per_core_split():
     assert sc.tiles()["kernel.int"] == 100 * 2 * 8  # 16 tiles of 100
     assert sc.matmul(1)["kernel.int"] == 20 + 1600
     assert sc.matmul(4)["kernel.int"] == 20 / 4 + 100 * 2 * 2  # 2 of the 8 N tiles per core
+
+
+# ---------------------------------------------------------------------------------------------
+# The MLAS path next to imegen's own ABI
+
+
+@NEEDS_TOOLS
+def test_mlas_path_counts_next_to_imegen_abi(plugin_so):
+    from imegen.mlas_abi import plan_dispatch
+    from imegen.perf import mlas_counts
+
+    text = """defaults { abi = mlas  compute = int8  block = 32  target = ime  panel = 16 }
+kernel c4 { bits = 4  op = gemm  tile = 4x16  k_unroll = 2 }
+kernel c8 { bits = 8  op = gemm  tile = 4x16  k_unroll = 2 }"""
+    d = plan_dispatch([plan_kernel(s) for s in specs_from_text(text, "counts.imegen")], "counts.imegen")
+    for g in d.groups:
+        [row] = mlas_counts.count_group(d, g, "counts.imegen", shapes=((6, 40, 96),))
+        assert row.vmadots == 2 * 3 * 3 * 16  # row x column tiles x blocks x (4 k-steps x 4 B tiles); the plugin agrees
+        assert row.mlas_gemm > row.vmadots and row.own_tiles > row.vmadots and row.mlas_quant > 0
+        assert row.mlas_scalar < row.mlas_gemm
+    assert "METHOD" in mlas_counts.report([row])

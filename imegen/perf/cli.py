@@ -26,6 +26,8 @@ def _blocks(text: str) -> tuple[int, ...]:
 def add_perf_commands(sub) -> None:
     b = sub.add_parser("bench", help="Qwen2.5-0.5B shapes: QEMU instruction counts, X60-modeled times, baselines")
     t = sub.add_parser("tune", help="search IME tile configs per Qwen2.5-0.5B shape under the X60 cost model")
+    b.add_argument("--mlas", metavar="SPEC", help="instead: the CompInt8 IME kernels of SPEC's MLAS dispatch, driven like "
+                   "MlasQNBitGemmBatch, next to the same kernels with imegen's own ABI (instruction counts)")
     for p in (b, t):
         p.add_argument("--quick", action="store_true", help="the CI subset: q/o shape, M=1 and 128, block 32, small search")
         p.add_argument("-o", "--output", default="bench/results", help="directory for the outputs (default: bench/results)")
@@ -35,6 +37,18 @@ def add_perf_commands(sub) -> None:
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def _mlas_counts(spec_file: str) -> str:
+    from ..ir import load_specs
+    from ..mlas_abi import plan_dispatch
+    from ..plan import plan_kernel
+    from . import mlas_counts
+
+    d = plan_dispatch([plan_kernel(s) for s in load_specs(spec_file)], spec_file)
+    if d is None:
+        raise SpecError(None, f"{spec_file} has no abi = mlas kernels")
+    return mlas_counts.report(mlas_counts.run(d, spec_file, log=_log))
 
 
 def run_perf_command(args) -> int:
@@ -47,7 +61,9 @@ def run_perf_command(args) -> int:
     t0 = time.perf_counter()
     out = Path(args.output)
     try:
-        if args.command == "tune":
+        if args.command == "bench" and args.mlas:
+            print(_mlas_counts(args.mlas))
+        elif args.command == "tune":
             result = tune.search(tune.targets(quick=args.quick, blocks=args.blocks), quick=args.quick,
                                  jobs=args.jobs or os.cpu_count() or 1, log=_log)
             print(result.spec_file())

@@ -26,6 +26,21 @@
 
 #define D IMEGEN_DISPATCH
 
+/* Markers for the counting plugin (imegen/perf/mlas_counts.py): A quantization and the GEMM calls
+ * of a CompInt8 case run between a begin/end pair each. Distinct bodies, so they cannot be merged. */
+void imegen_bench_begin(void);
+void imegen_bench_end(void);
+
+__attribute__((noinline)) void imegen_bench_begin(void)
+{
+    __asm__ volatile("nop" ::: "memory");
+}
+
+__attribute__((noinline)) void imegen_bench_end(void)
+{
+    __asm__ volatile("nop\n\tnop" ::: "memory");
+}
+
 static void die(const char *what)
 {
     fprintf(stderr, "mlas_driver: %s\n", what);
@@ -126,10 +141,14 @@ static int sq4(size_t BlkLen, int compute, size_t M, size_t N, size_t K, const f
         const size_t qlda = kb * (BlkLen + 4);
         const size_t align = D(QNBitGemmPerGemmWorkspaceAlignment)(BlkLen, compute);
         uint8_t *ws = aligned_alloc(align, (D(QNBitGemmPerGemmWorkspaceSize)(M, N, K, BlkLen, zp != NULL, compute, 4) + align - 1) / align * align);
+        imegen_bench_begin();
         for (size_t m = 0; m < M; m++)
             D(QuantizeARow_CompInt8)(BlkLen, A + m * K, K, ws + m * qlda);
+        imegen_bench_end();
+        imegen_bench_begin();
         for (int r = 0; r < 2; r++)
             int8_gemm(BlkLen, M, K, kb, ws, qlda, packed, scales, zp, bias, C, N, ranges[r][0], ranges[r][1]);
+        imegen_bench_end();
         free(ws);
     } else {
         for (int r = 0; r < 2; r++) {
@@ -177,8 +196,11 @@ static int sq8(size_t BlkLen, size_t M, size_t N, size_t K, const float *A, cons
     memset(ws, 0xa5, wsize);
     uint8_t *qa = ws; /* PerGemmQuantAWorkspace: int8 A [M][lda], scales [M][kb], block sums [M][kb] */
     float *qscale = (float *)(qa + M * lda), *qsum = qscale + M * kb;
+    imegen_bench_begin();
     for (size_t m = 0; m < M; m++)
         D(QuantizeARowComputeBlkSum_CompInt8)(BlkLen, A + m * K, K, qa + m * lda, qscale + m * kb, qsum + m * kb);
+    imegen_bench_end();
+    imegen_bench_begin();
     const size_t split = range_split(N);
     const size_t nranges[2][2] = { { 0, split }, { split, N } };
     for (size_t m0 = 0; m0 < M; m0 += 128) {
@@ -191,6 +213,7 @@ static int sq8(size_t BlkLen, size_t M, size_t N, size_t K, const float *A, cons
                                                     N, qsum + m0 * kb, blksum + n * kb, NULL);
             }
     }
+    imegen_bench_end();
     free(ws);
     free(packed);
     return 0;
