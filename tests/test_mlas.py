@@ -201,7 +201,7 @@ extern const MLAS_QNBIT_GEMM_DISPATCH MlasSQNBitGemmDispatchImegen;
 int main() {
   const size_t M = 2, N = 3, K = 40, BlkLen = 32, kb = 2;
   std::vector<unsigned char> b(N * kb * BlkLen), zp(N * kb);
-  std::vector<float> scales(N * kb), a(M * K), c(M * N), psc(N * kb), bsum(16 * kb);
+  std::vector<float> scales(N * kb), a(M * K), c(M * N), psc(16 * kb), bsum(16 * kb);  // N rounded up to 16
   for (size_t i = 0; i < b.size(); i++) b[i] = (unsigned char)(i * 37 % 256);
   for (size_t i = 0; i < N * kb; i++) { scales[i] = 0.5f + i; zp[i] = (unsigned char)(100 + 3 * i); }
   for (size_t i = 0; i < a.size(); i++) a[i] = (float)((int)(i * 7 % 19) - 9) / 4;
@@ -218,7 +218,7 @@ int main() {
                                      nullptr, N, qsum.data(), bsum.data(), nullptr);
   for (float x : psc) std::printf("%.9g ", x);
   std::printf("\n");
-  for (size_t i = 0; i < N * kb; i++) std::printf("%.9g ", bsum[i]);
+  for (float x : bsum) std::printf("%.9g ", x);
   std::printf("\n");
   for (float x : c) std::printf("%.9g ", x);
   std::printf("\n");
@@ -246,8 +246,11 @@ def test_ort_glue_routes_8bit_regions_and_computes(tmp_path):
     M, N, K, blk, kb = 2, 3, 40, 32, 2
     scales = 0.5 + np.arange(N * kb, dtype=np.float32)
     zp = (100 + 3 * np.arange(N * kb)).astype(np.uint8)
-    assert np.array_equal(psc, scales)
-    assert np.array_equal(bsum, scales * (128.0 - zp))
+    grouped = np.zeros((kb, 16))  # imegen's layout: [16-column group][block][16]
+    grouped[:, :N] = scales.reshape(N, kb).T
+    assert np.array_equal(psc, grouped.ravel())
+    grouped[:, :N] = (scales * (128.0 - zp)).reshape(N, kb).T
+    assert np.array_equal(bsum, grouped.ravel())
     data = (np.arange(N * kb * blk) * 37 % 256).astype(np.uint8).reshape(N, kb, blk)
     A = (((np.arange(M * K) * 7 % 19) - 9) / 4).astype(np.float32).reshape(M, K)
     qw = ref.QuantizedWeights(data, scales.reshape(N, kb), zp.reshape(N, kb), K, N, 8, blk)

@@ -169,8 +169,9 @@ static void sq8_regions(uint8_t *ws, size_t size, size_t N, size_t kb, size_t Bl
     const uintptr_t end = (uintptr_t)(ws + N * kb * BlkLen);
     *blksum = (float *)((end + 63) & ~(uintptr_t)63);
     *scales = *blksum + (N + 15) / 16 * 16 * kb;
-    if ((uint8_t *)(*scales + N * kb) > ws + size)
-        die("Q8BitGemmPackQuantBDataSize is smaller than ORT's PackedQuantBDataStruct layout");
+    /* ORT's scale region is N x kb floats; imegen's kernels read it rounded up to 16 columns too. */
+    if ((uint8_t *)(*scales + (N + 15) / 16 * 16 * kb) > ws + size)
+        die("Q8BitGemmPackQuantBDataSize is smaller than the PackedQuantBDataStruct regions imegen uses");
 }
 
 static int sq8(size_t BlkLen, size_t M, size_t N, size_t K, const float *A, const uint8_t *B, const float *scales,
