@@ -17,6 +17,8 @@
 #if defined(__riscv_vector) && __has_include(<riscv_vector.h>)
 #include <riscv_vector.h>
 #define IMEGEN_RVV_INTRINSICS 1
+#else
+#error "target rvv needs the RVV intrinsics (riscv_vector.h, -march=rv64gcv): build it with clang"
 #endif
 
 #define BLK 32

@@ -204,7 +204,7 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     if gemv:
         for q, reg in enumerate(a_reg):
             load(reg, "%[a]", q * 32, f"A row, k-steps {4 * q}..{4 * q + 3}")
-    elif spec.abi == "mlas":  # A rows lie lda bytes apart (MLAS Q8 blocks): one strided 4 x 8-byte load per tile
+    elif spec.abi == "mlas":  # A rows lie lda bytes apart (8-byte aligned): one strided 4 x 8-byte load per tile
         ops.append(AsmOp("vset", "vsetivli zero, 4, e64, m1, ta, ma", "4 rows x 8 bytes"))
         for s in range(ku):
             for mi in range(ma):
