@@ -198,7 +198,7 @@ GLUE_8BIT_MAIN = r"""
 #include <vector>
 #include "qnbitgemm.h"
 extern const MLAS_QNBIT_GEMM_DISPATCH MlasSQNBitGemmDispatchImegen;
-int main() {
+int main(int argc, char**) {
   const size_t M = 2, N = 3, K = 40, BlkLen = 32, kb = 2;
   std::vector<unsigned char> b(N * kb * BlkLen), zp(N * kb);
   std::vector<float> scales(N * kb), a(M * K), c(M * N), psc(16 * kb), bsum(16 * kb);  // N rounded up to 16
@@ -206,7 +206,8 @@ int main() {
   for (size_t i = 0; i < N * kb; i++) { scales[i] = 0.5f + i; zp[i] = (unsigned char)(100 + 3 * i); }
   for (size_t i = 0; i < a.size(); i++) a[i] = (float)((int)(i * 7 % 19) - 9) / 4;
   std::vector<std::byte> packed(N * kb * BlkLen);
-  PackedQuantBDataStruct<float, 8> s{packed.data(), psc.data(), bsum.data(), nullptr};
+  std::vector<float> correction(16 * kb);  // argv[1]: as ORT lays it out when A is quantized unsigned (ARM64)
+  PackedQuantBDataStruct<float, 8> s{packed.data(), psc.data(), bsum.data(), argc > 1 ? correction.data() : nullptr};
   const auto& d = MlasSQNBitGemmDispatchImegen;
   d.SQ8BitGemmPackQuantBDataAndBlkSum(N, K, BlkLen, SQNBIT_CompInt8, (const std::byte*)b.data(), scales.data(), true, nullptr, s, nullptr, nullptr);
   d.SQ8BitGemmPackQuantBDataAndBlkSum(N, K, BlkLen, SQNBIT_CompInt8, nullptr, nullptr, true, (const std::byte*)zp.data(), s, nullptr, nullptr);
@@ -241,6 +242,8 @@ def test_ort_glue_routes_8bit_regions_and_computes(tmp_path):
         objs.append(name + ".o")
     subprocess.run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I.", "main.cpp", "glue8_mlas_dispatch.cpp", *objs,
                     "-o", "glue8"], cwd=tmp_path, check=True)
+    refused = subprocess.run([str(tmp_path / "glue8"), "unsigned-A"], capture_output=True, text=True)
+    assert refused.returncode != 0 and "unsigned-A correction" in refused.stderr  # a layout imegen does not fill: abort
     lines = subprocess.run([str(tmp_path / "glue8")], capture_output=True, text=True, check=True).stdout.splitlines()
     psc, bsum, C = (np.array(line.split(), np.float64) for line in lines)
     M, N, K, blk, kb = 2, 3, 40, 32, 2
