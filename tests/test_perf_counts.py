@@ -44,8 +44,8 @@ def classify_run(plugin_so, tmp_path_factory):
     exe = toolchain.compile_c([kobj, dobj, eobj], d / "classify", extra_flags=["-static", f"-Wl,-Map={d / 'map'}"])
     ranges = measure.code_ranges_from_map((d / "map").read_text(), {str(kobj): "kernel", str(dobj): "excluded",
                                                                     str(eobj): "excluded"})
-    ranges += [(lo, hi, "image") for lo, hi in measure._exec_segments(exe)]
-    syms = measure._symbols(exe)
+    ranges += [(lo, hi, "image") for lo, hi in measure.exec_segments(exe)]
+    syms = measure.symbols(exe)
     return plugin.run_counted(exe, [], ranges, begin=syms["imegen_bench_begin"][0], end=syms["imegen_bench_end"][0])
 
 

@@ -68,7 +68,7 @@ class BenchExe:
     end: int
 
 
-def _exec_segments(exe: Path) -> list[tuple[int, int]]:
+def exec_segments(exe: Path) -> list[tuple[int, int]]:
     """[vaddr, vaddr + memsz) of every executable PT_LOAD segment of an ELF64 file."""
     data = exe.read_bytes()
     if data[:4] != b"\x7fELF" or data[4] != 2:
@@ -116,7 +116,7 @@ def code_ranges_from_map(map_text: str, objects: dict[str, str]) -> list[tuple[i
     return ranges
 
 
-def _symbols(exe: Path) -> dict[str, tuple[int, int, str]]:
+def symbols(exe: Path) -> dict[str, tuple[int, int, str]]:
     proc = subprocess.run([NM, "--print-size", "--defined-only", str(exe)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise ToolchainError("nm failed", [NM, str(exe)], proc.returncode, proc.stdout, proc.stderr)
@@ -164,12 +164,12 @@ def build_bench(plan: KernelPlan, *, compiler: str = "clang") -> BenchExe:
     ranges = code_ranges_from_map(map_file.read_text(), objects)
     if not any(tag == "kernel" for *_, tag in ranges):
         raise ToolchainError(f"no code of {plan.name} found in the link map {map_file}", [])
-    syms = _symbols(exe)
+    syms = symbols(exe)
     for name, (addr, _, kind) in syms.items():
         if name.startswith(f"{plan.name}_") and kind in "tT":
             if not any(lo <= addr < hi and tag == "kernel" for lo, hi, tag in ranges):
                 raise ToolchainError(f"symbol {name} at {addr:#x} lies outside the kernel's code ranges", [])
-    ranges += [(lo, hi, "image") for lo, hi in _exec_segments(exe)]
+    ranges += [(lo, hi, "image") for lo, hi in exec_segments(exe)]
     return BenchExe(plan, exe, tuple(ranges), syms["imegen_bench_begin"][0], syms["imegen_bench_end"][0])
 
 

@@ -74,8 +74,8 @@ def build(d: DispatchPlan, spec_file: str) -> tuple:
     objects = {str(o): "kernel" for o in kernel_objs}
     objects.update({str(work / n): "excluded" for n in ("dispatch.o", "mlas_driver.o", "ime_emu.o")})
     ranges = measure.code_ranges_from_map(map_file.read_text(), objects)
-    ranges += [(lo, hi, "image") for lo, hi in measure._exec_segments(exe)]
-    syms = measure._symbols(exe)
+    ranges += [(lo, hi, "image") for lo, hi in measure.exec_segments(exe)]
+    syms = measure.symbols(exe)
     return exe, ranges, syms["imegen_bench_begin"][0], syms["imegen_bench_end"][0]
 
 
