@@ -30,7 +30,7 @@ typedef struct {
     const float *scales;
 } q4_decode_scalar_chunk;
 
-/* Chunk of panel p, block blk; fills scales (and ORT's zero points) of columns c0..c0+width. */
+/* Chunk of panel p, block blk. */
 static q4_decode_scalar_chunk q4_decode_scalar_chunk_at(const q4_decode_scalar_bview *bv, size_t p, size_t blk, size_t kb, size_t c0, size_t width)
 {
     q4_decode_scalar_chunk ch;
