@@ -38,7 +38,7 @@ def sources(d: DispatchPlan, spec_file: str) -> dict[str, str]:
 def build(d: DispatchPlan, spec_file: str, *, compiler: str = "clang") -> Path:
     """Kernels + dispatch + the MLAS-driver stand-in (+ the IME emulator), cached by content."""
     files = sources(d, spec_file)
-    key = hashlib.sha256(repr((sorted(files.items()), DRIVER.read_text(), compiler)).encode()).hexdigest()[:16]
+    key = hashlib.sha256(repr((sorted(files.items()), DRIVER.read_text(), toolchain.BENCH_MARKERS.read_text(), compiler)).encode()).hexdigest()[:16]
     ime = any(p.spec.target == "ime" for p in d.kernels)
 
     def fill(work: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
+BENCH_MARKERS = RUNTIME_DIR / "bench_markers.h"  # counting-plugin markers, included by drivers
 
 SYSROOT = Path("/usr/riscv64-linux-gnu")
 CLANG = "clang-19"

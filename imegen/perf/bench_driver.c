@@ -23,19 +23,7 @@
 #define CAT(a, b) CAT_(a, b)
 #define K_(f) CAT(IMEGEN_BENCH_PREFIX, f)
 
-void imegen_bench_begin(void);
-void imegen_bench_end(void);
-
-/* Distinct bodies, so no pass can fold the two markers into one function. */
-__attribute__((noinline)) void imegen_bench_begin(void)
-{
-    __asm__ volatile("nop" ::: "memory");
-}
-
-__attribute__((noinline)) void imegen_bench_end(void)
-{
-    __asm__ volatile("nop\n\tnop" ::: "memory");
-}
+#include "bench_markers.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 

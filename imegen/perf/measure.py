@@ -142,6 +142,7 @@ def build_bench(plan: KernelPlan, *, compiler: str = "clang") -> BenchExe:
                "IMEGEN_BENCH_IME": int(s.target == "ime")}
     emu = (toolchain.RUNTIME_DIR / "ime_emu.c").read_text()
     key = hashlib.sha256(repr((sorted(sources.items()), sorted(defines.items()), compiler, march_for(plan), DRIVER.read_text(),
+                               toolchain.BENCH_MARKERS.read_text(),
                                emu, PLUGIN_SOURCE.read_text())).encode()).hexdigest()[:16]
     d = CACHE / f"bench-{plan.name}-{key}"
     exe, map_file = d / "bench", d / "bench.map"

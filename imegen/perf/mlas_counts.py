@@ -53,7 +53,7 @@ def _total(counts: dict[str, int], tag: str = "kernel", classes=None) -> int:
 def build(d: DispatchPlan, spec_file: str) -> tuple:
     """Static MLAS driver with a link map; returns (exe, ranges, begin, end)."""
     files = mlas_check.sources(d, spec_file)
-    key = hashlib.sha256(repr((sorted(files.items()), mlas_check.DRIVER.read_text())).encode()).hexdigest()[:16]
+    key = hashlib.sha256(repr((sorted(files.items()), mlas_check.DRIVER.read_text(), toolchain.BENCH_MARKERS.read_text())).encode()).hexdigest()[:16]
     work = CACHE / f"mlas-counts-{d.prefix}{key}"
     exe, map_file = work / "driver", work / "driver.map"
     kernel_objs = [work / f"{p.name}.o" for p in d.kernels]

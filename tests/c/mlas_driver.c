@@ -24,22 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Counting markers (imegen/perf/mlas_counts.py): A quantization and the GEMM calls of a CompInt8
+ * case run between a begin/end pair each. */
+#include "bench_markers.h"
+
 #define D IMEGEN_DISPATCH
-
-/* Markers for the counting plugin (imegen/perf/mlas_counts.py): A quantization and the GEMM calls
- * of a CompInt8 case run between a begin/end pair each. Distinct bodies, so they cannot be merged. */
-void imegen_bench_begin(void);
-void imegen_bench_end(void);
-
-__attribute__((noinline)) void imegen_bench_begin(void)
-{
-    __asm__ volatile("nop" ::: "memory");
-}
-
-__attribute__((noinline)) void imegen_bench_end(void)
-{
-    __asm__ volatile("nop\n\tnop" ::: "memory");
-}
 
 static void die(const char *what)
 {

@@ -3,19 +3,9 @@
 
 #include "ime_emu.h"
 
+#include "bench_markers.h"
+
 void tk_kernel(void *buf);
-void imegen_bench_begin(void);
-void imegen_bench_end(void);
-
-__attribute__((noinline)) void imegen_bench_begin(void)
-{
-    __asm__ volatile("nop" ::: "memory");
-}
-
-__attribute__((noinline)) void imegen_bench_end(void)
-{
-    __asm__ volatile("nop\n\tnop" ::: "memory");
-}
 
 static _Alignas(64) uint8_t buf[256];
 
