@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import mlas_check
+from .ort import mlas_check
 from . import reference as ref
-from .mlas_abi import COMPUTE_FP32, DispatchPlan, Group
+from .ort.mlas_abi import COMPUTE_FP32, DispatchPlan, Group
 from .plan import KernelPlan
 from .verify import Case, build, compare, compilers_for, run_cases
 

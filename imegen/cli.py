@@ -11,7 +11,7 @@ from pathlib import Path
 from .check import check_dispatch, check_kernel, format_table, stderr_log
 from .errors import SpecError
 from .ir import load_specs
-from .mlas_abi import plan_dispatch
+from .ort.mlas_abi import plan_dispatch
 from .plan import KernelPlan, plan_kernel
 from .render import march_for, render_spec, write_if_changed
 from .toolchain import ToolchainError, missing_tools
@@ -124,7 +124,7 @@ def cmd_explain(args) -> int:
 
 def cmd_ort_check(args) -> int:
     """Conformance against onnxruntime: ORT's shapes, ORT's quantized bytes, ORT's tolerances."""
-    from . import ort_check as oc
+    from .ort import ort_check as oc
 
     if not oc.ort_available():
         print("error: imegen ort-check needs onnxruntime and onnx (python3 -m pip install -e '.[test]')", file=sys.stderr)

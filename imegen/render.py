@@ -8,7 +8,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
-from . import mlas_abi
+from .ort import mlas_abi
 from .plan import KernelPlan
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"

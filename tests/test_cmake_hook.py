@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from imegen import mlas_check
+from imegen.ort import mlas_check
 from imegen.ir import load_specs
-from imegen.mlas_abi import COMPUTE_FP32, COMPUTE_INT8, plan_dispatch
+from imegen.ort.mlas_abi import COMPUTE_FP32, COMPUTE_INT8, plan_dispatch
 from imegen.plan import plan_kernel
 
 ROOT = Path(__file__).resolve().parent.parent

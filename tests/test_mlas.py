@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, strategies as st
 
-from imegen import mlas_check
+from imegen.ort import mlas_check
 from imegen.errors import SpecError
 from imegen.ir import load_specs, specs_from_text
-from imegen.mlas_abi import COMPUTE_FP32, COMPUTE_INT8, plan_dispatch
+from imegen.ort.mlas_abi import COMPUTE_FP32, COMPUTE_INT8, plan_dispatch
 from imegen.plan import plan_kernel
 from imegen.render import render_spec
 

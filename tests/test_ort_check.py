@@ -1,4 +1,4 @@
-"""`imegen ort-check`: generated kernels against onnxruntime itself (imegen/ort_check.py).
+"""`imegen ort-check`: generated kernels against onnxruntime itself (imegen/ort/ort_check.py).
 
 The fast subset (what CI runs) must pass; a wrong kernel output must be reported as FAIL with exit
 status 1; the shape lists are ORT's own, odd shapes included.  Needs onnxruntime + onnx (test
@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 
-from imegen import ort_check as oc
+from imegen.ort import ort_check as oc
 from imegen import reference as ref
 from imegen.cli import main
 from imegen.ir import specs_from_text

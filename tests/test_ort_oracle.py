@@ -40,9 +40,9 @@ from imegen.reference import (
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
-# The model builder, ORT's quantizer binding and the x86 A-quantization model live in imegen.ort_check
+# The model builder, ORT's quantizer binding and the x86 A-quantization model live in imegen.ort.ort_check
 # (the `imegen ort-check` conformance suite), shared with tests/test_ort_check.py.
-from imegen.ort_check import int8_result, ort_quantize, quantize_a_int8_x86, run_ort  # noqa: E402
+from imegen.ort.ort_check import int8_result, ort_quantize, quantize_a_int8_x86, run_ort  # noqa: E402
 
 F32 = np.float32
 X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")

@@ -41,7 +41,7 @@ def _log(msg: str) -> None:
 
 def _mlas_counts(spec_file: str) -> str:
     from ..ir import load_specs
-    from ..mlas_abi import plan_dispatch
+    from ..ort.mlas_abi import plan_dispatch
     from ..plan import plan_kernel
     from . import mlas_counts
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import mlas_check, toolchain
-from ..mlas_abi import COMPUTE_INT8, DispatchPlan, Group
+from .. import toolchain
+from ..ort import mlas_check
+from ..ort.mlas_abi import COMPUTE_INT8, DispatchPlan, Group
 from ..plan import KernelPlan, expected_vmadots, plan_kernel
 from ..verify import CACHE
 from . import measure

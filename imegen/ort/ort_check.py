@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import reference as ref
-from .ir import KernelSpec, specs_from_text
-from .plan import KernelPlan, expected_vmadots, plan_kernel
-from .toolchain import ToolchainError
-from .verify import Case, build, run_cases
+from .. import reference as ref
+from ..ir import KernelSpec, specs_from_text
+from ..plan import KernelPlan, expected_vmadots, plan_kernel
+from ..toolchain import ToolchainError
+from ..verify import Case, build, run_cases
 
 F32 = np.float32
 U = 2.0**-24

@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SpecError
-from .plan import KernelPlan
+from ..errors import SpecError
+from ..plan import KernelPlan
 
 ORT_COMMIT = "001d12d2623fd411ce0f83d05abb5e82304a3389"
 COMPUTE_FP32 = 0  # SQNBIT_CompFp32, first enumerator of MLAS_QNBIT_GEMM_COMPUTE_TYPE

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import reference as ref
-from . import toolchain
+from .. import reference as ref
+from .. import toolchain
 from .mlas_abi import COMPUTE_INT8, DispatchPlan
-from .render import render_dispatch, render_kernel
-from .verify import CACHE, Case, Comparison, Result, cached_dir, compare
+from ..render import render_dispatch, render_kernel
+from ..verify import CACHE, Case, Comparison, Result, cached_dir, compare
 
-DRIVER = Path(__file__).resolve().parent.parent / "tests" / "c" / "mlas_driver.c"
+DRIVER = Path(__file__).resolve().parents[2] / "tests" / "c" / "mlas_driver.c"
 
 
 @dataclass(frozen=True)
