@@ -13,6 +13,8 @@ import subprocess
 from pathlib import Path
 from typing import Sequence
 
+from .cache import Inputs
+
 RUNTIME_DIR = Path(__file__).parent / "runtime"
 BENCH_MARKERS = RUNTIME_DIR / "bench_markers.h"  # counting-plugin markers, included by drivers
 
@@ -60,6 +62,20 @@ def _indent(text: str) -> str:
 def missing_tools() -> list[str]:
     """Executables this module needs that are not on PATH (empty list: all present)."""
     return [t for t in (CLANG, GCC, QEMU, HOST_CC) if shutil.which(t) is None]
+
+
+def runtime_files() -> list[Path]:
+    """The runtime sources and headers every driver build may compile or include."""
+    return sorted(RUNTIME_DIR.glob("*.[ch]"))
+
+
+def inputs(compiler: str, *, host: bool = False, marches: Sequence[str] = ("rv64gcv",)) -> Inputs:
+    """What a build through compile_c depends on besides its own sources, for cache keys: the
+    compiler command line per -march with COMMON_FLAGS, the compiler's identity, and (cross
+    builds) the sysroot's libc/libm, which drivers link and whose headers they include."""
+    argvs = [" ".join(_compiler_argv(compiler, m, host) + list(COMMON_FLAGS)) for m in marches]
+    libs = () if host else tuple(p for p in (SYSROOT / "lib" / "libc.a", SYSROOT / "lib" / "libm.a") if p.exists())
+    return Inputs(libs, tuple(argvs), (_compiler_argv(compiler, "", host)[0],))
 
 
 def _compiler_argv(compiler: str, march: str, host: bool) -> list[str]:

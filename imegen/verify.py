@@ -7,9 +7,6 @@ the exact integer model of MLAS CompInt8 plus the rounding of their fp32 block f
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
 import struct
 import tempfile
 from dataclasses import dataclass, replace
@@ -17,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from . import cache
 from . import reference as ref
 from . import toolchain
 from .plan import KernelPlan, expected_vmadots
 from .render import render_driver, render_kernel
 
-CACHE = Path(tempfile.gettempdir()) / "imegen-build-cache"
 EPS32 = 2.0**-24
 
 
@@ -67,14 +64,23 @@ def compilers_for(plan: KernelPlan) -> list[str]:
     return ["clang"] if plan.spec.target == "rvv" else ["clang", "gcc"]
 
 
-def build(plan: KernelPlan, spec_file: str = "<spec>", *, compiler: str = "clang", host: bool = False) -> Build:
-    """Generate kernel + driver and compile them (cached by the hash of the sources)."""
-    if host and plan.spec.target != "scalar":
-        raise ValueError(f"only target scalar builds for the host, not {plan.spec.target}")
+def build_inputs(plan: KernelPlan, spec_file: str = "<spec>", *, compiler: str = "clang",
+                 host: bool = False) -> tuple[dict[str, str], cache.Inputs]:
+    """The files build() writes, and everything its cache entry depends on: those sources, the
+    runtime (emulator, its header, the bench markers), the compiler, its flags and version. The
+    target is in the sources; VLEN is a run-time setting (QEMU's -cpu), not a build input."""
     sources = render_kernel(plan, spec_file)
     sources["driver.c"] = render_driver(plan, spec_file)
-    key = hashlib.sha256(repr((sorted(sources.items()), compiler, host,
-                               (toolchain.RUNTIME_DIR / "ime_emu.c").read_text())).encode()).hexdigest()[:16]
+    own = cache.Inputs(tuple(toolchain.runtime_files()),
+                       tuple(f"{name}\n{text}" for name, text in sorted(sources.items())) + (f"host={host}",))
+    return sources, own + toolchain.inputs(compiler, host=host, marches=("rv64gcv", "rv64gc"))
+
+
+def build(plan: KernelPlan, spec_file: str = "<spec>", *, compiler: str = "clang", host: bool = False) -> Build:
+    """Generate kernel + driver and compile them (cached by build_inputs)."""
+    if host and plan.spec.target != "scalar":
+        raise ValueError(f"only target scalar builds for the host, not {plan.spec.target}")
+    sources, inputs = build_inputs(plan, spec_file, compiler=compiler, host=host)
 
     def fill(d: Path) -> None:
         for name, text in sources.items():
@@ -84,26 +90,8 @@ def build(plan: KernelPlan, spec_file: str = "<spec>", *, compiler: str = "clang
             objs.append(toolchain.compile_ime_emu(d / "ime_emu.o", compiler=compiler))
         toolchain.compile_c(objs, d / "driver", compiler=compiler, host=host, include_dirs=[d, toolchain.RUNTIME_DIR])
 
-    d = cached_dir(CACHE / f"{plan.name}-{key}", fill)
+    d = cache.entry(plan.name, inputs.key(), fill)
     return Build(plan, d / "driver", host, compiler)
-
-
-def cached_dir(d: Path, fill) -> Path:
-    """Build into a private directory, then publish it with one rename: concurrent builders of
-    the same key (parallel tests, ort-check jobs) never see each other's half-written files."""
-    if d.exists():
-        return d
-    d.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=d.parent, prefix=d.name + ".tmp-"))
-    try:
-        fill(tmp)
-        os.rename(tmp, d)
-    except OSError:
-        if not d.exists():  # not "another builder won the race"
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return d
 
 
 def _encode(plan: KernelPlan, cases: list[Case]) -> bytes:

@@ -57,7 +57,8 @@ def test_tuner_refuses_invalid_configs_and_is_deterministic(plugin_so, tmp_path,
     assert {n for n, _ in first.refused} == {tune.config_name(_settings(tile="16x16")), tune.config_name(_settings(k_unroll=1))}
     assert set(built) == {tune.config_name(c) for c in candidates[32][:3]}  # refused configs are never built
     # Reproducible: again from scratch (empty build and count cache) gives the same counts and choices.
-    monkeypatch.setattr(measure, "CACHE", tmp_path / "cache")
+    monkeypatch.setenv("IMEGEN_QEMU_PLUGIN_H", str(plugin.find_header(fetch=False)))
+    monkeypatch.setenv("IMEGEN_CACHE_DIR", str(tmp_path / "cache"))
     second = tune.search(targets, candidates=candidates, jobs=1)
     assert first.spec_file() == second.spec_file()
     for c in targets:

@@ -4,7 +4,6 @@ MLAS integer model."""
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import tempfile
 from dataclasses import dataclass
@@ -12,11 +11,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import cache
 from .. import reference as ref
 from .. import toolchain
 from .mlas_abi import COMPUTE_INT8, DispatchPlan
 from ..render import render_dispatch, render_kernel
-from ..verify import CACHE, Case, Comparison, Result, cached_dir, compare
+from ..verify import Case, Comparison, Result, compare
 
 DRIVER = Path(__file__).resolve().parents[2] / "tests" / "c" / "mlas_driver.c"
 
@@ -35,23 +35,37 @@ def sources(d: DispatchPlan, spec_file: str) -> dict[str, str]:
     return files
 
 
-def build(d: DispatchPlan, spec_file: str, *, compiler: str = "clang") -> Path:
-    """Kernels + dispatch + the MLAS-driver stand-in (+ the IME emulator), cached by content."""
+def build_inputs(d: DispatchPlan, spec_file: str, *, compiler: str = "clang") -> tuple[dict[str, str], cache.Inputs]:
+    """The generated files, and everything the driver build depends on: them, the driver stand-in,
+    the runtime (emulator, its header, the bench markers), the compiler, its flags and version."""
     files = sources(d, spec_file)
-    key = hashlib.sha256(repr((sorted(files.items()), DRIVER.read_text(), toolchain.BENCH_MARKERS.read_text(), compiler)).encode()).hexdigest()[:16]
-    ime = any(p.spec.target == "ime" for p in d.kernels)
+    own = cache.Inputs((DRIVER, *toolchain.runtime_files()),
+                       tuple(f"{name}\n{text}" for name, text in sorted(files.items())) + _flags(d))
+    return files, own + toolchain.inputs(compiler, marches=("rv64gcv", "rv64gc"))
+
+
+def _ime(d: DispatchPlan) -> bool:
+    return any(p.spec.target == "ime" for p in d.kernels)
+
+
+def _flags(d: DispatchPlan) -> tuple[str, ...]:
+    return (f'-DIMEGEN_DISPATCH_HEADER="{d.prefix}dispatch.h"',) + (("-DIMEGEN_IME",) if _ime(d) else ())
+
+
+def build(d: DispatchPlan, spec_file: str, *, compiler: str = "clang") -> Path:
+    """Kernels + dispatch + the MLAS-driver stand-in (+ the IME emulator), cached by build_inputs."""
+    files, inputs = build_inputs(d, spec_file, compiler=compiler)
 
     def fill(work: Path) -> None:
         for name, text in files.items():
             (work / name).write_text(text)
         objs = [work / n for n in files if n.endswith(".c")] + [DRIVER]
-        if ime:
+        if _ime(d):
             objs.append(toolchain.compile_ime_emu(work / "ime_emu.o", compiler=compiler))
-        flags = [f'-DIMEGEN_DISPATCH_HEADER="{d.prefix}dispatch.h"'] + (["-DIMEGEN_IME"] if ime else [])
-        toolchain.compile_c(objs, work / "driver", compiler=compiler, extra_flags=flags,
+        toolchain.compile_c(objs, work / "driver", compiler=compiler, extra_flags=list(_flags(d)),
                             include_dirs=[work, toolchain.RUNTIME_DIR])
 
-    return cached_dir(CACHE / f"mlas-{d.prefix}{key}", fill) / "driver"
+    return cache.entry(f"mlas-{d.prefix}", inputs.key(), fill) / "driver"
 
 
 def encode(cases: list[MlasCase]) -> bytes:

@@ -20,7 +20,7 @@ from pathlib import Path
 from . import tune, x60
 from .measure import METHOD
 from .tune import Case, Evaluation, settings_of, validate
-from .workload import (BLOCKS, DECODE_M, PREFILL_M, PUBLISHED, PUBLISHED_PP512_TPS, QWEN25_05B, shapes,
+from .workload import (BLOCKS, DECODE_M, LLAMA_CPP_SOURCE, PREFILL_M, PUBLISHED, PUBLISHED_PP512_TPS, QWEN25_05B, shapes,
                        weights_per_token)
 
 KINDS = ("imegen", "llama-4x16", "rvv-fp32")
@@ -350,7 +350,7 @@ def plot(res: BenchResult, path: Path, p: x60.X60Params = x60.X60) -> Path | Non
             ax.bar([x + (i - 1) * width for x in xs], [s.prefill_tps[M][kind] for s in sums], width,
                    color=colors[kind], label=f"{kind} (modeled)")
         ax.axhline(PUBLISHED_PP512_TPS, color="gray", ls="-.", lw=1,
-                   label=f"published: llama.cpp Q4_0 pp512 {PUBLISHED_PP512_TPS} tok/s")
+                   label=f"published: llama.cpp Q4_0 pp512 {PUBLISHED_PP512_TPS} tok/s ({LLAMA_CPP_SOURCE})")
         ax.set_xticks(list(xs), [f"block {s.block}" for s in sums])
         ax.set_ylabel(f"tokens/s (prefill M={M}, MatMulNBits only)")
         ax.set_title(f"Prefill M={M}: modeled tokens/s on 4 IME cores")

@@ -13,6 +13,13 @@ from .plugin import PluginUnavailable
 from .workload import BLOCKS
 
 COMMANDS = ("bench", "tune")
+FULL_RESULTS, QUICK_RESULTS = "bench/results", "bench/results-quick"
+
+
+def output_dir(args) -> Path:
+    if args.output is not None:
+        return Path(args.output)
+    return Path(QUICK_RESULTS if args.quick else FULL_RESULTS)
 
 
 def _blocks(text: str) -> tuple[int, ...]:
@@ -30,7 +37,9 @@ def add_perf_commands(sub) -> None:
                    "MlasQNBitGemmBatch, next to the same kernels with imegen's own ABI (instruction counts)")
     for p in (b, t):
         p.add_argument("--quick", action="store_true", help="the CI subset: q/o shape, M=1 and 128, block 32, small search")
-        p.add_argument("-o", "--output", default="bench/results", help="directory for the outputs (default: bench/results)")
+        p.add_argument("-o", "--output", default=None,
+                       help=f"directory for the outputs (default: {FULL_RESULTS}; with --quick {QUICK_RESULTS}, "
+                            "so a quick run never replaces the committed full results)")
         p.add_argument("--blocks", type=_blocks, default=BLOCKS, help="comma-separated block sizes (default: 32,64,128)")
         p.add_argument("-j", "--jobs", type=int, default=None, help="parallel builds/QEMU runs (default: CPU count)")
 
@@ -59,7 +68,7 @@ def run_perf_command(args) -> int:
         print(f"error: missing tools: {', '.join(missing)} (see README: install the toolchain first)", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    out = Path(args.output)
+    out = output_dir(args)
     try:
         if args.command == "bench" and args.mlas:
             print(_mlas_counts(args.mlas))

@@ -23,24 +23,20 @@ Method (printed by `imegen bench` as METHOD):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 import re
 import struct
 import subprocess
-import threading
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
 
-from .. import toolchain
+from .. import cache, toolchain
 from ..plan import KernelPlan, expected_vmadots
 from ..render import march_for, render_kernel
 from ..toolchain import ToolchainError
-from ..verify import CACHE
-from .plugin import SOURCE as PLUGIN_SOURCE
+from . import plugin
 from .plugin import run_counted
 
 DRIVER = Path(__file__).with_name("bench_driver.c")
@@ -130,8 +126,20 @@ def symbols(exe: Path) -> dict[str, tuple[int, int, str]]:
     return syms
 
 
-def build_bench(plan: KernelPlan, *, compiler: str = "clang") -> BenchExe:
-    """Compile kernel + bench driver (+ IME emulator) statically; locate the code ranges."""
+def save_ranges(d: Path, ranges: list[tuple[int, int, str]]) -> None:
+    """The link map names objects by their path at link time, a temporary directory that the
+    cache renames: resolve the ranges then and keep them next to the executable."""
+    (d / "ranges.json").write_text(json.dumps(ranges))
+
+
+def load_ranges(d: Path) -> list[tuple[int, int, str]]:
+    return [(lo, hi, tag) for lo, hi, tag in json.loads((d / "ranges.json").read_text())]
+
+
+def bench_inputs(plan: KernelPlan, *, compiler: str = "clang") -> tuple[dict[str, str], dict[str, object], cache.Inputs]:
+    """The kernel sources, the driver's -D settings, and everything the bench executable depends
+    on: them, the bench driver, the runtime (emulator, its header, the markers), the compiler,
+    its flags (per -march) and version, the sysroot libc it links statically."""
     s = plan.spec
     if s.abi != "imegen":
         raise ValueError(f"{plan.name}: the bench drives the imegen ABI (NAME_matmul), not abi={s.abi}")
@@ -140,14 +148,19 @@ def build_bench(plan: KernelPlan, *, compiler: str = "clang") -> BenchExe:
                "IMEGEN_BENCH_BLOCK": s.block, "IMEGEN_BENCH_BITS": s.bits,
                "IMEGEN_BENCH_ZP": int(s.zero_point == "asymmetric"), "IMEGEN_BENCH_BIAS": int(s.bias),
                "IMEGEN_BENCH_IME": int(s.target == "ime")}
-    emu = (toolchain.RUNTIME_DIR / "ime_emu.c").read_text()
-    key = hashlib.sha256(repr((sorted(sources.items()), sorted(defines.items()), compiler, march_for(plan), DRIVER.read_text(),
-                               toolchain.BENCH_MARKERS.read_text(),
-                               emu, PLUGIN_SOURCE.read_text())).encode()).hexdigest()[:16]
-    d = CACHE / f"bench-{plan.name}-{key}"
-    exe, map_file = d / "bench", d / "bench.map"
-    if not exe.exists():
-        d.mkdir(parents=True, exist_ok=True)
+    inputs = cache.Inputs((DRIVER, *toolchain.runtime_files()),
+                          tuple(f"{name}\n{text}" for name, text in sorted(sources.items()))
+                          + tuple(f"-D{k}={v}" for k, v in sorted(defines.items())) + ("-static",))
+    inputs += toolchain.inputs(compiler, marches=(march_for(plan), "rv64gcv", "rv64gc"))
+    return sources, defines, inputs
+
+
+def build_bench(plan: KernelPlan, *, compiler: str = "clang") -> BenchExe:
+    """Compile kernel + bench driver (+ IME emulator) statically; locate the code ranges."""
+    sources, defines, inputs = bench_inputs(plan, compiler=compiler)
+    s = plan.spec
+
+    def fill(d: Path) -> None:
         for name, text in sources.items():
             (d / name).write_text(text)
         kobj = toolchain.compile_c([d / f"{plan.name}.c"], d / "kernel.o", compiler=compiler, march=march_for(plan),
@@ -158,13 +171,14 @@ def build_bench(plan: KernelPlan, *, compiler: str = "clang") -> BenchExe:
         objs = [kobj, dobj]
         if s.target == "ime":
             objs.append(toolchain.compile_ime_emu(d / "ime_emu.o", compiler=compiler))
-        tmp = d / "bench.tmp"
-        toolchain.compile_c(objs, tmp, compiler=compiler, extra_flags=["-static", f"-Wl,-Map={map_file}"])
-        tmp.rename(exe)
-    objects = {str(d / "kernel.o"): "kernel", str(d / "driver.o"): "excluded", str(d / "ime_emu.o"): "excluded"}
-    ranges = code_ranges_from_map(map_file.read_text(), objects)
+        toolchain.compile_c(objs, d / "bench", compiler=compiler, extra_flags=["-static", f"-Wl,-Map={d / 'bench.map'}"])
+        objects = {str(d / "kernel.o"): "kernel", str(d / "driver.o"): "excluded", str(d / "ime_emu.o"): "excluded"}
+        save_ranges(d, code_ranges_from_map((d / "bench.map").read_text(), objects))
+
+    d = cache.entry(f"bench-{plan.name}", inputs.key(), fill)
+    exe, ranges = d / "bench", load_ranges(d)
     if not any(tag == "kernel" for *_, tag in ranges):
-        raise ToolchainError(f"no code of {plan.name} found in the link map {map_file}", [])
+        raise ToolchainError(f"no code of {plan.name} found in the link map {d / 'bench.map'}", [])
     syms = symbols(exe)
     for name, (addr, _, kind) in syms.items():
         if name.startswith(f"{plan.name}_") and kind in "tT":
@@ -306,22 +320,27 @@ def measure_shapes(plan: KernelPlan, shapes: list[tuple[int, int, int]], *, comp
                    use_cache: bool = True) -> list[ShapeCounts]:
     """Build once, run every needed reduced shape in one QEMU process, extrapolate each shape.
 
-    Counts are cached next to the bench executable (whose directory name hashes the kernel
-    source, driver, emulator and plugin source), so a rerun reproduces them without QEMU.
+    Counts are cached next to the bench executable (whose directory is keyed by its build
+    inputs), in a file keyed by counts_inputs(), so a rerun reproduces them without QEMU.
     """
     needed = list(dict.fromkeys(s for M, N, K in shapes for s in sample_shapes(plan, M, N, K)))
     b = build_bench(plan, compiler=compiler)
-    cache_file = b.exe.parent / "counts.json"
+    cache_file = b.exe.parent / f"counts-{counts_inputs().key()}.json"
     cached = _load_cached(cache_file) if use_cache else {}
     missing = [s for s in needed if "x".join(map(str, s)) not in cached]
     for c in run_cases(b, missing):
         cached["x".join(map(str, (c.M, c.N, c.K)))] = {"prep": c.prep, "matmul": c.matmul, "emulated": c.emulated_vmadots}
     if missing and use_cache:
-        tmp = cache_file.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(cached, sort_keys=True))
-        tmp.replace(cache_file)
+        cache.write_file(cache_file, json.dumps(cached, sort_keys=True).encode())
     measured = {}
     for s in needed:
         c = cached["x".join(map(str, s))]
         measured[s] = CaseCounts(*s, c["prep"], c["matmul"], c["emulated"])
     return [extrapolate(plan, M, N, K, measured) for M, N, K in shapes]
+
+
+def counts_inputs() -> cache.Inputs:
+    """What counting adds to a bench executable: the plugin (its .so is named by its own inputs),
+    QEMU, the run parameters and the Python that turns plugin output into counts."""
+    return cache.Inputs((Path(__file__), Path(plugin.__file__)),
+                        (plugin.ensure_plugin().name, f"vlen={VLEN}", f"beat={BEAT_BYTES}"), (toolchain.QEMU,))

@@ -6,16 +6,15 @@ instructions under QEMU (`imegen bench --mlas SPEC`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from .. import toolchain
+from .. import cache, toolchain
 from ..ort import mlas_check
 from ..ort.mlas_abi import COMPUTE_INT8, DispatchPlan, Group
 from ..plan import KernelPlan, expected_vmadots, plan_kernel
-from ..verify import CACHE
 from . import measure
 from .plugin import run_counted
 
@@ -51,30 +50,34 @@ def _total(counts: dict[str, int], tag: str = "kernel", classes=None) -> int:
                if k.count(".") == 1 and k.split(".")[0] in (tag, "callee") and (classes is None or k.split(".")[1] in classes))
 
 
+def build_inputs(d: DispatchPlan, spec_file: str) -> tuple[dict[str, str], cache.Inputs]:
+    """mlas_check's driver inputs, built statically with the IME define for counting."""
+    files, inputs = mlas_check.build_inputs(d, spec_file)
+    return files, inputs + cache.Inputs(strings=("counts: -static -DIMEGEN_IME",))
+
+
 def build(d: DispatchPlan, spec_file: str) -> tuple:
     """Static MLAS driver with a link map; returns (exe, ranges, begin, end)."""
-    files = mlas_check.sources(d, spec_file)
-    key = hashlib.sha256(repr((sorted(files.items()), mlas_check.DRIVER.read_text(), toolchain.BENCH_MARKERS.read_text())).encode()).hexdigest()[:16]
-    work = CACHE / f"mlas-counts-{d.prefix}{key}"
-    exe, map_file = work / "driver", work / "driver.map"
-    kernel_objs = [work / f"{p.name}.o" for p in d.kernels]
-    if not exe.exists():
-        work.mkdir(parents=True, exist_ok=True)
+    files, inputs = build_inputs(d, spec_file)
+    kernel_names = [f"{p.name}.o" for p in d.kernels]
+
+    def fill(work: Path) -> None:
         for name, text in files.items():
             (work / name).write_text(text)
-        for p, obj in zip(d.kernels, kernel_objs):
-            toolchain.compile_c([work / f"{p.name}.c"], obj, include_dirs=[work])
+        kernel_objs = [toolchain.compile_c([work / f"{p.name}.c"], work / obj, include_dirs=[work])
+                       for p, obj in zip(d.kernels, kernel_names)]
         flags = [f'-DIMEGEN_DISPATCH_HEADER="{d.prefix}dispatch.h"', "-DIMEGEN_IME"]
         rest = [toolchain.compile_c([work / f"{d.prefix}dispatch.c"], work / "dispatch.o", include_dirs=[work]),
                 toolchain.compile_c([mlas_check.DRIVER], work / "mlas_driver.o", extra_flags=flags,
                                     include_dirs=[work, toolchain.RUNTIME_DIR]),
                 toolchain.compile_ime_emu(work / "ime_emu.o")]
-        tmp = work / "driver.tmp"
-        toolchain.compile_c(kernel_objs + rest, tmp, extra_flags=["-static", f"-Wl,-Map={map_file}"])
-        tmp.rename(exe)
-    objects = {str(o): "kernel" for o in kernel_objs}
-    objects.update({str(work / n): "excluded" for n in ("dispatch.o", "mlas_driver.o", "ime_emu.o")})
-    ranges = measure.code_ranges_from_map(map_file.read_text(), objects)
+        toolchain.compile_c(kernel_objs + rest, work / "driver", extra_flags=["-static", f"-Wl,-Map={work / 'driver.map'}"])
+        objects = {str(o): "kernel" for o in kernel_objs}
+        objects.update({str(work / n): "excluded" for n in ("dispatch.o", "mlas_driver.o", "ime_emu.o")})
+        measure.save_ranges(work, measure.code_ranges_from_map((work / "driver.map").read_text(), objects))
+
+    work = cache.entry(f"mlas-counts-{d.prefix}", inputs.key(), fill)
+    exe, ranges = work / "driver", measure.load_ranges(work)
     ranges += [(lo, hi, "image") for lo, hi in measure.exec_segments(exe)]
     syms = measure.symbols(exe)
     return exe, ranges, syms["imegen_bench_begin"][0], syms["imegen_bench_end"][0]

@@ -3,15 +3,15 @@
 The plugin is compiled for the host against QEMU's own plugin header, `qemu-plugin.h`, which
 Debian ships only in the qemu source package. `ensure_plugin()` finds the header (see
 `header_candidates`), fetching it with `apt-get source --download-only qemu` when a deb-src
-entry is configured (.ci/install creates one), and caches the built .so under
-`$XDG_CACHE_HOME/imegen` (default ~/.cache/imegen), keyed by the hash of source and header.
+entry is configured (.ci/install creates one), and caches header and .so in imegen's per-user
+cache (imegen/cache.py), the .so keyed by source, header, flags and host compiler. An unusable
+cache directory is reported as such, before any fetch is tried.
 
     python3 -m imegen.perf.plugin      # fetch the header if needed, build, print the .so path
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -21,22 +21,20 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import toolchain
+from .. import cache, toolchain
 from ..toolchain import ToolchainError
 
 SOURCE = Path(__file__).with_name("insn_count.c")
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "imegen"
+FLAGS = ("-O2", "-shared", "-fPIC", "-std=c11", "-Wall", "-Wextra", "-Werror")
 
 
 def header_candidates() -> list[Path]:
     """Where qemu-plugin.h may be, in order: $IMEGEN_QEMU_PLUGIN_H, our cache, system include dirs."""
     env = os.environ.get("IMEGEN_QEMU_PLUGIN_H")
     found = [Path(env)] if env else []
-    return found + [cache_dir() / "qemu-include" / "qemu-plugin.h",
+    return found + [cache.root() / "qemu-include" / "qemu-plugin.h",
                     Path("/usr/include/qemu-plugin.h"), Path("/usr/include/qemu/qemu-plugin.h")]
 
 
@@ -46,7 +44,7 @@ class PluginUnavailable(RuntimeError):
 
 def fetch_header() -> Path:
     """Download Debian's qemu source package (orig tarball only) and extract qemu-plugin.h."""
-    dest = cache_dir() / "qemu-include" / "qemu-plugin.h"
+    dest = cache.root() / "qemu-include" / "qemu-plugin.h"
     if shutil.which("apt-get") is None:
         raise PluginUnavailable("qemu-plugin.h not found and apt-get is unavailable to fetch it")
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,9 +62,7 @@ def fetch_header() -> Path:
                 raise PluginUnavailable(f"{tarballs[0].name} has no include/qemu/qemu-plugin.h")
             data = tar.extractfile(member).read()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dest = dest.with_suffix(".tmp")
-    tmp_dest.write_bytes(data)
-    tmp_dest.rename(dest)
+    cache.write_file(dest, data)
     return dest
 
 
@@ -79,21 +75,31 @@ def find_header(*, fetch: bool = True) -> Path:
     return fetch_header()
 
 
+def plugin_inputs(header: Path) -> cache.Inputs:
+    """What the .so depends on: its source, QEMU's header, the flags and the host compiler."""
+    return cache.Inputs((SOURCE, header), FLAGS, (toolchain.HOST_CC,))
+
+
 def ensure_plugin(*, fetch: bool = True) -> Path:
-    """Path of the built plugin (.so), building it (and fetching the header) on first use."""
+    """Path of the built plugin (.so), building it (and fetching the header) on first use.
+
+    Raises cache.CacheError first if the cache directory is unusable (e.g. a read-only HOME):
+    that, not a missing deb-src entry, is then why nothing can be fetched or built."""
+    root = cache.root()
     header = find_header(fetch=fetch)
-    key = hashlib.sha256(SOURCE.read_bytes() + header.read_bytes()).hexdigest()[:16]
-    so = cache_dir() / f"insn_count-{key}.so"
+    so = root / f"insn_count-{plugin_inputs(header).key()}.so"
     if so.exists():
         return so
-    so.parent.mkdir(parents=True, exist_ok=True)
-    tmp = so.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [toolchain.HOST_CC, "-O2", "-shared", "-fPIC", "-std=c11", "-Wall", "-Wextra", "-Werror",
-           f"-I{header.parent}", "-o", str(tmp), str(SOURCE)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise ToolchainError("building the QEMU plugin failed", cmd, proc.returncode, proc.stdout, proc.stderr)
-    tmp.rename(so)
+    tmp = cache.tmp_name(so)
+    cache.track(tmp)
+    try:
+        cmd = [toolchain.HOST_CC, *FLAGS, f"-I{header.parent}", "-o", str(tmp), str(SOURCE)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ToolchainError("building the QEMU plugin failed", cmd, proc.returncode, proc.stdout, proc.stderr)
+        os.replace(tmp, so)
+    finally:
+        cache.untrack(tmp)
     return so
 
 
@@ -101,7 +107,7 @@ def plugin_available() -> bool:
     try:
         ensure_plugin()
         return True
-    except (PluginUnavailable, ToolchainError):
+    except (PluginUnavailable, ToolchainError, cache.CacheError):
         return False
 
 
@@ -175,7 +181,7 @@ def run_counted(exe: Path, args: list[str], ranges: list[tuple[int, int, str]], 
 def main() -> int:
     try:
         print(ensure_plugin())
-    except (PluginUnavailable, ToolchainError) as e:
+    except (PluginUnavailable, ToolchainError, cache.CacheError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
