@@ -1,7 +1,7 @@
 """Binary encoding of the SpacemiT K1 IME instructions (XSMTVDot: vmadot / vmadot1..3).
 
 Stock assemblers do not know these instructions, so generated code emits them as `.word`.
-Closed form (docs/ime-isa-notes.md §1.5, checked against LLVM's MC tests):
+Closed form (docs/ime-isa.md §3, checked against LLVM's MC tests):
 
     base   : 0xE200002B | vs2<<20 | vs1<<15 |            sg<<12 | vd<<7
     slide N: 0xE600002B | vs2<<20 | vs1<<15 | (N-1)<<14 | sg<<12 | vd<<7   (vs1 even)

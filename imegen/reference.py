@@ -4,7 +4,8 @@ Deliberately self-contained (imports nothing else from imegen): it is the oracle
 generated kernels are judged against, so it must not share code with them.
 
 Orientation follows ORT: W is [K, N] (MatMul's B), the packed B input is column-major by n,
-``[N, k_blocks, blob_size]``, blocks run along K.  See docs/ort-matmulnbits-notes.md §1.5, §1.6, §2.4, §5.
+``[N, k_blocks, blob_size]``, blocks run along K.  See docs/ort-matmulnbits.md §2 (layouts,
+dequantization), §3 (ORT's quantizer) and §4.2 (the CompInt8 model).
 """
 from __future__ import annotations
 

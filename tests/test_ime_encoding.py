@@ -9,7 +9,7 @@ import pytest
 
 from imegen.ime_encoding import decode_vmadot, encode_vmadot, mnemonic
 
-# llvm/test/MC/RISCV/xsmtvdot-valid.s (docs/ime-isa-notes.md §1.6)
+# llvm/test/MC/RISCV/xsmtvdot-valid.s (docs/ime-isa.md §3.1)
 LLVM_VECTORS = """
 smt.vmadot v16, v0, v8        0xe280382b
 smt.vmadotu v18, v1, v9       0xe290892b

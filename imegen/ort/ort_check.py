@@ -1,7 +1,7 @@
 """`imegen ort-check`: conformance of generated kernels against onnxruntime itself.
 
 For ORT's own test shapes (matmul_4bits_test.cc and test_sqnbitgemm.cpp, see
-docs/ort-matmulnbits-notes.md §6) this builds single-node com.microsoft MatMulNBits models, runs
+docs/ort-matmulnbits.md §5) this builds single-node com.microsoft MatMulNBits models, runs
 them in onnxruntime's CPU EP, runs the *same bytes* (B, scales and zero points from ORT's own
 quantizer binding, not imegen's) through each kernel -- scalar natively, rvv and ime under QEMU --
 and compares kernel output to ORT output with ORT's operator-test tolerances:

@@ -61,9 +61,9 @@ PREFILL_M = (128, 512)
 BLOCKS = (32, 64, 128)
 
 # Published end-to-end figures on K1 / X60 with 4 threads (whole model, not just MatMulNBits), with
-# their public source: the K1 table of llama.cpp's docs/build-riscv64-spacemit.md (ggml-org/llama.cpp
-# at 6f8d9794), Qwen2.5 0.5B Q4_0. (No public ONNX Runtime figure for K1 is known; see docs/ime-isa.md.)
-LLAMA_CPP_SOURCE = "ggml-org/llama.cpp docs/build-riscv64-spacemit.md @6f8d9794"
+# their public source: the K1 table of ggml-org/llama.cpp/docs/build-riscv64-spacemit.md at 6f8d9794,
+# Qwen2.5 0.5B Q4_0. No public ONNX Runtime figure for the K1 is known (docs/ime-isa.md §7).
+LLAMA_CPP_SOURCE = "ggml-org/llama.cpp/docs/build-riscv64-spacemit.md @6f8d9794"
 PUBLISHED = {
     f"llama.cpp Q4_0, tg128 10.03 t/s ({LLAMA_CPP_SOURCE})": 1000.0 / 10.03,  # ms/token, decode
 }

@@ -3,7 +3,7 @@
 Everything here is MODELED, not measured on hardware. Inputs are exact instruction counts by
 class and the bytes vector loads/stores really accessed (QEMU plugin, measure.py), and the bytes
 a kernel moves to and from DRAM (from its plan's layouts). Outputs: cycles, seconds and a
-roofline bound. Sources: the shared research notes (ime-isa-notes.md section 5) and LLVM's
+roofline bound. Sources: docs/ime-isa.md §7 (each figure with its public source), in particular LLVM's
 RISCVSchedSpacemitX60.td.
 
   core     in-order, dual issue (LLVM IssueWidth = 2); 2 scalar load/store pipes; 1 scalar FP
@@ -40,8 +40,8 @@ workspace written once and re-read from L2; C written once. L1/L2 bandwidth is n
 
 Roofline: max(2MNK / IME peak of the cores used, compulsory bytes / 5.24 GB/s), compulsory
 bytes = the weights in the most compact format imegen or ONNX Runtime stores (int4 codes, fp16
-scales as imegen's scale_type = fp16, 4-bit packed zero points as ORT's) + A and C in fp32. A kernel's efficiency (as issue 4 defines it) is modeled time /
-roofline time: 1.00 is ideal.
+scales as imegen's scale_type = fp16, 4-bit packed zero points as ORT's) + A and C in fp32. A kernel's efficiency is modeled time / roofline
+time: 1.00 is ideal.
 """
 
 from __future__ import annotations
