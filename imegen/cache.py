@@ -12,7 +12,7 @@ everything its entries depend on in one call.
 
 Publishing: `entry()` builds in a temporary directory inside the cache, named after the builder's
 pid, and publishes it with one rename: concurrent builders of one key never see half-written
-files. A builder killed by SIGTERM removes its temporary directories (and exits with 143); one
+files. A builder killed by SIGTERM removes its temporary directories, then dies of the signal; one
 killed by SIGKILL leaves them behind, and the next run removes those whose pid is dead or that
 are older than STALE_SECONDS.
 """
@@ -141,14 +141,21 @@ def _on_sigterm(signum, frame) -> None:
         _live.clear()
     for p in live:
         _remove(p)
-    print("imegen: terminated (SIGTERM); removed unfinished cache entries", file=sys.stderr)
-    raise SystemExit(128 + signum)
+    print("imegen: terminated (SIGTERM); removed unfinished cache entries", file=sys.stderr, flush=True)
+    # Die of the signal, as without this handler: an exception could be caught (a test runner
+    # records SystemExit as a failure and carries on).
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _install_sigterm_cleanup() -> None:
-    """SIGTERM -> remove this process's temporaries and exit 143 (only if nobody else handles it)."""
+    """SIGTERM -> remove this process's temporaries, then die of it (only if nobody else handles it).
+    Signal handlers can only be set from the main thread: at import, and again from root()."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+_install_sigterm_cleanup()  # builds often start in worker threads (ort-check, tune)
 
 
 def entry(name: str, key: str, fill: Callable[[Path], None]) -> Path:

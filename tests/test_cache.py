@@ -302,24 +302,38 @@ def test_stale_temporaries_are_swept(private_cache):
     assert fresh.exists() and entry.exists()
 
 
-def test_sigterm_removes_unfinished_entries_and_exits_cleanly(private_cache):
-    script = textwrap.dedent("""
-        import sys, time
-        from imegen import cache
-        def fill(d):
-            (d / "half").write_text("x")
-            print("ready", flush=True)
-            time.sleep(60)
-        cache.entry("slow", "k", fill)
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+SLOW_BUILD = textwrap.dedent("""
+    import time
+    from imegen import cache
+    def fill(d):
+        (d / "half").write_text("x")
+        print("ready", flush=True)
+        time.sleep(60)
+    cache.entry("slow", "k", fill)
+""")
+
+
+def test_sigterm_removes_unfinished_entries_and_terminates(private_cache):
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_BUILD], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "IMEGEN_CACHE_DIR": str(private_cache)})
     assert proc.stdout.readline() == "ready\n"
     assert any(".tmp-" in p.name for p in private_cache.iterdir())
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 128 + signal.SIGTERM
+    assert proc.returncode == -signal.SIGTERM  # killed by it, as without the handler (shell status 143)
     assert "Traceback" not in err and "terminated" in err
+    assert list(private_cache.iterdir()) == []
+
+
+def test_sigkilled_builds_are_swept_by_the_next_run(private_cache, monkeypatch):
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_BUILD], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "IMEGEN_CACHE_DIR": str(private_cache)})
+    assert proc.stdout.readline() == "ready\n"
+    proc.kill()
+    proc.wait()
+    assert any(".tmp-" in p.name for p in private_cache.iterdir())  # SIGKILL cannot clean up
+    monkeypatch.setattr(cache, "_swept", set())  # a new run
+    cache.root()
     assert list(private_cache.iterdir()) == []
 
 
