@@ -50,6 +50,11 @@ def test_hook_cross_builds_and_runs_under_qemu(tmp_path):
         verdict = mlas_check.check(d, case, res)
         assert verdict.ok, (case.case.shape, case.compute, verdict.message)
 
+    # The generation step depends on every input of the generator, subpackages included.
+    rules = "".join(p.read_text(errors="replace") for p in (tmp_path / "build").rglob("build.make"))
+    for dep in ("imegen/ort/mlas_abi.py", "imegen/render.py", "templates/kernel.c.j2", "grammar/imegen.lark"):
+        assert str(ROOT / dep) in rules, dep
+
     # Nothing changed: no regeneration. A template-independent spec edit: regenerated.
     assert "imegen: generating" not in _build(tmp_path / "build")
     spec.write_text(spec.read_text().replace("k_unroll = 2 }", "k_unroll = 4 }"))

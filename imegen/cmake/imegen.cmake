@@ -69,7 +69,10 @@ function(imegen_generate target)
   endforeach()
 
   file(GLOB templates "${IMEGEN_TEMPLATE_DIR}/*.j2")
-  file(GLOB generator "${IMEGEN_PACKAGE_DIR}/*.py" "${IMEGEN_PACKAGE_DIR}/../grammar/*.lark")
+  # Every module of the package (imegen/ort/ renders the MLAS glue) and the grammar.
+  file(GLOB_RECURSE generator "${IMEGEN_PACKAGE_DIR}/*.py")
+  file(GLOB grammar "${IMEGEN_PACKAGE_DIR}/../grammar/*.lark")
+  list(APPEND generator ${grammar})
   add_custom_command(
     OUTPUT ${outputs}
     COMMAND "${IMEGEN_PYTHON}" -m imegen generate "${spec}" -o "${ARG_OUTPUT_DIR}"
