@@ -14,7 +14,7 @@ Publishing: `entry()` builds in a temporary directory inside the cache, named af
 pid, and publishes it with one rename: concurrent builders of one key never see half-written
 files. A builder killed by SIGTERM removes its temporary directories, then dies of the signal; one
 killed by SIGKILL leaves them behind, and the next run removes those whose pid is dead or that
-are older than STALE_SECONDS.
+are older than STALE_SECONDS (another host's only by age).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -36,7 +37,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 STALE_SECONDS = 3600
-_TMP = re.compile(r"\.tmp-(\d+)-[0-9a-f]+$")  # <final name>.tmp-<pid>-<random>
+_TMP = re.compile(r"\.tmp-(\w*)-(\d+)-[0-9a-f]+$")  # <final name>.tmp-<host>-<pid>-<random>
+_HOST = re.sub(r"\W", "", socket.gethostname())  # a home shared over NFS: only our own pids can be checked
 _live: set[Path] = set()  # temporaries of this process (removed on SIGTERM)
 _lock = threading.Lock()
 _swept: set[Path] = set()
@@ -52,8 +54,9 @@ HINT = "set IMEGEN_CACHE_DIR (or XDG_CACHE_HOME) to a directory of your own"
 def root() -> Path:
     """The cache directory, created if needed and checked (see the module docstring)."""
     env = os.environ.get("IMEGEN_CACHE_DIR")
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    path = Path(env) if env else Path(base) / "imegen"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"  # the XDG spec ignores relative paths
+    path = Path(env).expanduser().absolute() if env else base / "imegen"
     try:
         path.mkdir(parents=True, mode=0o700, exist_ok=True)
         st = path.stat()
@@ -70,7 +73,7 @@ def root() -> Path:
     if st.st_mode & 0o077:
         os.chmod(path, 0o700)  # ours and not writable by others: only tighten it
     try:  # a read-only file system passes every check above
-        probe = path / f".probe.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        probe = tmp_name(path / ".probe")
         probe.touch()
         probe.unlink()
     except OSError as e:
@@ -84,7 +87,7 @@ def root() -> Path:
 
 def tmp_name(final: Path) -> Path:
     """A private temporary next to `final` (same directory, so a rename publishes it)."""
-    return final.with_name(f"{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    return final.with_name(f"{final.name}.tmp-{_HOST}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -111,7 +114,7 @@ def sweep(path: Path, *, now: float | None = None) -> list[Path]:
             old = now - p.lstat().st_mtime > STALE_SECONDS
         except FileNotFoundError:
             continue
-        if old or not _pid_alive(int(m.group(1))):
+        if old or (m.group(1) == _HOST and not _pid_alive(int(m.group(2)))):
             _remove(p)
             removed.append(p)
     return removed
@@ -203,13 +206,14 @@ def tool_identity(tool: str) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _digest(path: str, mtime_ns: int, size: int) -> bytes:
+def _digest(path: str, stamp: tuple[int, ...]) -> bytes:
     return hashlib.sha256(Path(path).read_bytes()).digest()
 
 
 def file_digest(path: Path) -> bytes:
+    """sha256 of the content, memoised while inode, size, mtime and ctime stay the same."""
     st = Path(path).stat()
-    return _digest(str(path), st.st_mtime_ns, st.st_size)
+    return _digest(str(path), (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
 
 
 @dataclass(frozen=True)

@@ -203,6 +203,10 @@ def test_a_broken_emulator_fails_a_warm_mlas_check(tmp_path, monkeypatch, privat
 
 
 def test_cache_dir_is_private_and_per_user(tmp_path, monkeypatch):
+    monkeypatch.setenv("IMEGEN_CACHE_DIR", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")  # ignored, as the XDG spec says
+    monkeypatch.setenv("HOME", str(tmp_path / "h0"))
+    assert cache.root() == tmp_path / "h0" / ".cache" / "imegen"
     monkeypatch.delenv("IMEGEN_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache.root() == tmp_path / "xdg" / "imegen"
@@ -290,16 +294,18 @@ def test_stale_temporaries_are_swept(private_cache):
     dead.wait()
     entry = private_cache / "bench-k-0123"
     entry.mkdir()
-    stale = [private_cache / f"x-k.tmp-{dead.pid}-ab12", entry / f"counts-1.json.tmp-{dead.pid}-cd34"]
-    old = private_cache / f"y-k.tmp-{os.getpid()}-ef56"  # a live pid, but two hours old
-    fresh = private_cache / f"z-k.tmp-{os.getppid()}-0a0b"  # a live builder: kept
-    for p in (stale[0], old, fresh):
+    host = cache._HOST
+    stale = [private_cache / f"x-k.tmp-{host}-{dead.pid}-ab12", entry / f"counts-1.json.tmp-{host}-{dead.pid}-cd34"]
+    old = private_cache / f"y-k.tmp-{host}-{os.getpid()}-ef56"  # a live pid, but two hours old
+    fresh = private_cache / f"z-k.tmp-{host}-{os.getppid()}-0a0b"  # a live builder: kept
+    elsewhere = private_cache / f"w-k.tmp-otherhost-{dead.pid}-1234"  # another host's pid: only age counts
+    for p in (stale[0], old, fresh, elsewhere):
         p.mkdir()
     stale[1].write_text("{}")
     os.utime(old, (time.time() - 7200, time.time() - 7200))
     cache.sweep(private_cache)
     assert not any(p.exists() for p in (*stale, old))
-    assert fresh.exists() and entry.exists()
+    assert fresh.exists() and elsewhere.exists() and entry.exists()
 
 
 SLOW_BUILD = textwrap.dedent("""
