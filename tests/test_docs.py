@@ -96,3 +96,12 @@ def test_docs_name_public_sources(doc):
     sources = text[text.index("## Sources"):]
     assert len(re.findall(r"https://", sources)) >= 3
     assert not FORBIDDEN.search(text)
+
+
+def test_published_figures_cite_their_public_source():
+    """The bench report and plot legend label published figures with where they were published."""
+    from imegen.perf.workload import LLAMA_CPP_SOURCE
+    assert PUBLISHED and all(LLAMA_CPP_SOURCE in label for label in PUBLISHED)
+    assert "ggml-org/llama.cpp" in LLAMA_CPP_SOURCE and "build-riscv64-spacemit.md" in IME_DOC
+    bench_py = (ROOT / "imegen" / "perf" / "bench.py").read_text()
+    assert "pp512 {PUBLISHED_PP512_TPS} tok/s ({LLAMA_CPP_SOURCE})" in bench_py
