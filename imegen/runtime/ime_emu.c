@@ -6,7 +6,7 @@
  * the only vector instructions are the explicit whole-register spills/fills below, which
  * also leave vl and vtype alone.
  *
- * Semantics (docs/ime-isa-notes.md §1.3): C[4x4] int32 (rows 0-1 in vd, rows 2-3 in vd+1)
+ * Semantics (docs/ime-isa.md §2): C[4x4] int32 (rows 0-1 in vd, rows 2-3 in vd+1)
  * += A[4x8] x B^T, A = vs1 bytes row-major (slide n: rows n..n+3 of the 8x8 stack
  * {vs1, vs1+1}), B^T = vs2 bytes (byte j*8+k is B[k][j]). Accumulation wraps mod 2^32.
  */
