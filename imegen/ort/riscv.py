@@ -38,7 +38,8 @@ def runner(version: str = "1.23") -> Path:
     """The runner executable for onnxruntime `version`, built once per (source, header, compiler)."""
     root = sysroot.ensure(version)
     header = sysroot.include_dir(root) / "onnxruntime_c_api.h"
-    key = hashlib.sha256(RUNNER_SOURCE.read_bytes() + header.read_bytes() + toolchain.CLANG.encode()).hexdigest()[:16]
+    recipe = (RUNNER_SOURCE.read_bytes(), header.read_bytes(), toolchain.CLANG, toolchain.COMMON_FLAGS)
+    key = hashlib.sha256(repr(recipe).encode()).hexdigest()[:16]
     exe = sysroot.cache_root() / "ort-runner" / f"ort_runner-{key}"
     if not exe.exists():
         tmp = exe.with_name(exe.name + ".tmp")
