@@ -245,6 +245,16 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     )
 
 
+def _scale_load(spec: KernelSpec, dst: int, tmp: int, ni: int, vset, lanes: str = "e32, m1") -> list[AsmOp]:
+    """The 4 B scales of columns 4ni..4ni+3 into dst as fp32: fp16 ones widened by vfwcvt.f.f.v."""
+    if spec.scale_type == "fp16":
+        return [AsmOp("addi", f"addi t1, %[sb], {ni * 8}"), vset(4, "e16", "mf2"),
+                AsmOp("vle16", f"vle16.v v{tmp}, (t1)", f"B fp16 scales, cols {4 * ni}..{4 * ni + 3}"),
+                AsmOp("vfwcvt", f"vfwcvt.f.f.v v{dst}, v{tmp}", "widened to fp32"), vset(4, *lanes.split(", "))]
+    return [vset(4, *lanes.split(", ")), AsmOp("addi", f"addi t1, %[sb], {ni * 16}"),
+            AsmOp("vle32", f"vle32.v v{dst}, (t1)", f"B scales, cols {4 * ni}..{4 * ni + 3}")]
+
+
 def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp, ...]:
     """Per block, on the int32 accumulator pairs (16 lanes = a 4x4 tile, lane 4r+q):
     facc += float(dot - zp[q] * sum_a[r]) * (scale_a[r] * scale_b[q]), or with MLAS block sums
@@ -252,10 +262,13 @@ def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp
 
     Row and column values are loaded 4 at a time and spread over the 16 lanes with vrgather
     (index tables: lane -> q and lane -> r). All fold registers are even pairs (LMUL 2) outside
-    the accumulators; the A/B registers of the loop are dead by now and are reused."""
+    the accumulators; the A/B registers of the loop are dead by now and are reused. A gemv tile
+    has one live row (lanes 0..3 of each pair): see _gemv_fold."""
     taken = {r for row in acc for r in row}
     pairs = iter(r for r in range(0, 32, 2) if r not in taken)
     IDXC, IDXR, SA, AS, X4, SB, Y, ZP = (next(pairs) for _ in range(8))
+    if spec.tile_m == 1:
+        return _gemv_fold(spec, acc[0], SB, X4, Y, ZP)
     asym, blksum = spec.zero_point == "asymmetric", spec.zero_point == "blksum"
     vs = lambda n, sew="e32", lmul="m2": AsmOp("vset", f"vsetivli zero, {n}, {sew}, {lmul}, ta, ma")  # noqa: E731
     ops = [vs(16), AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q"),
@@ -266,15 +279,7 @@ def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp
                 AsmOp("add", "add %[sa], %[sa], %[sa4]"), AsmOp("add", "add %[as], %[as], %[as4]"), vs(16),
                 AsmOp("vrgather", f"vrgather.vv v{SA}, v{X4}, v{IDXR}"), AsmOp("vrgather", f"vrgather.vv v{AS}, v{Y}, v{IDXR}")]
         for ni, vd in enumerate(row):
-            if spec.scale_type == "fp16":  # finite half -> fp32: (bits & 0x7fff) << 13 is value * 2^-112
-                ops += [AsmOp("addi", f"addi t1, %[sb], {ni * 8}"), vs(4, "e16", "m1"),
-                        AsmOp("vle16", f"vle16.v v{SB}, (t1)", f"B fp16 scales, cols {4 * ni}..{4 * ni + 3}"), vs(4),
-                        AsmOp("vzext", f"vzext.vf2 v{X4}, v{SB}"), AsmOp("vand", f"vand.vx v{SB}, v{X4}, %[h7fff]"),
-                        AsmOp("vsll", f"vsll.vi v{SB}, v{SB}, 13"), AsmOp("vfmul", f"vfmul.vf v{SB}, v{SB}, %[p112]"),
-                        AsmOp("vsrl", f"vsrl.vi v{X4}, v{X4}, 15"), AsmOp("vsll", f"vsll.vi v{X4}, v{X4}, 31"),
-                        AsmOp("vor", f"vor.vv v{X4}, v{X4}, v{SB}", "fp32 scales")]
-            else:
-                ops += [vs(4), AsmOp("addi", f"addi t1, %[sb], {ni * 16}"), AsmOp("vle32", f"vle32.v v{X4}, (t1)", f"B scales, cols {4 * ni}..{4 * ni + 3}")]
+            ops += _scale_load(spec, X4, SB, ni, vs, "e32, m2")
             if asym:
                 ops += [AsmOp("addi", f"addi t1, %[zp], {ni * 4}"), vs(4, "e8", "mf2"),
                         AsmOp("vle8", f"vle8.v v{ZP}, (t1)", "B zero points"), vs(4),
@@ -299,6 +304,36 @@ def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp
             ops += [AsmOp("vfcvt", f"vfcvt.f.x.v v{vd}, v{vd}"), AsmOp("vfmul", f"vfmul.vv v{Y}, v{SA}, v{SB}", "scale_a * scale_b"),
                     AsmOp("addi", f"addi t1, %[facc], {off}"), AsmOp("vle32", f"vle32.v v{ZP}, (t1)"),
                     AsmOp("vfmacc", f"vfmacc.vv v{ZP}, v{vd}, v{Y}"), AsmOp("vse32", f"vse32.v v{ZP}, (t1)")]
+    return tuple(ops)
+
+
+def _gemv_fold(spec: KernelSpec, row: tuple[int, ...], SB: int, X: int, Y: int, FT: int) -> tuple[AsmOp, ...]:
+    """One live row: only lanes 0..3 (row 0, columns 4ni..4ni+3) of each accumulator pair matter,
+    so the fold runs at vl = 4 with the row's scale and sum as scalars: no spreading gathers.
+    facc[4ni..] += float(dot - zp * sum_a) * (scale_b * scale_a), or with MLAS block sums
+    facc += float(dot) * (scale_b * scale_a) + blksum_a * blksum_b."""
+    asym, blksum = spec.zero_point == "asymmetric", spec.zero_point == "blksum"
+    vs = lambda n, sew="e32", lmul="m1": AsmOp("vset", f"vsetivli zero, {n}, {sew}, {lmul}, ta, ma")  # noqa: E731
+    ops = [AsmOp("flw", "flw ft0, 0(%[sa])", "A scale"),
+           AsmOp("flw", "flw ft1, 0(%[as])", "A block sum") if blksum else AsmOp("lw", "lw t2, 0(%[as])", "A block sum")]
+    if not (asym or blksum):
+        ops.append(AsmOp("mul", "mul t2, t2, %[zpc]", "zp * sum_a"))
+    for ni, vd in enumerate(row):
+        ops += _scale_load(spec, SB, X, ni, vs)
+        if asym:
+            ops += [AsmOp("addi", f"addi t1, %[zp], {ni * 4}"), vs(4, "e8", "mf4"),
+                    AsmOp("vle8", f"vle8.v v{X}, (t1)", "B zero points"), vs(4),
+                    AsmOp("vzext", f"vzext.vf4 v{Y}, v{X}"), AsmOp("vnmsac", f"vnmsac.vx v{vd}, t2, v{Y}", "dot -= zp * sum_a")]
+        elif not blksum:
+            ops.append(AsmOp("vsub", f"vsub.vx v{vd}, v{vd}, t2", "dot -= zp * sum_a"))
+        off = ni * 64
+        ops += [AsmOp("vfcvt", f"vfcvt.f.x.v v{vd}, v{vd}"), AsmOp("vfmul", f"vfmul.vf v{SB}, v{SB}, ft0", "scale_b * scale_a"),
+                AsmOp("addi", f"addi t1, %[facc], {off}"), AsmOp("vle32", f"vle32.v v{FT}, (t1)"),
+                AsmOp("vfmacc", f"vfmacc.vv v{FT}, v{vd}, v{SB}")]
+        if blksum:
+            ops += [AsmOp("addi", f"addi t2, %[bs], {ni * 16}"), AsmOp("vle32", f"vle32.v v{Y}, (t2)", "B block sums"),
+                    AsmOp("vfmacc", f"vfmacc.vf v{FT}, ft1, v{Y}", "+ blksum_a * blksum_b")]
+        ops.append(AsmOp("vse32", f"vse32.v v{FT}, (t1)"))
     return tuple(ops)
 
 
