@@ -364,7 +364,7 @@ static void q4_prefill_ime_tile(const q4_prefill_ime_aview *av, const q4_prefill
             : [bstride] "r"((size_t)128), [facc] "r"(facc), [idx] "r"(q4_prefill_ime_fold_index),
               [sb] "r"(ch.scales + c0), [zp] "r"(ch.zp + c0),
               [sas] "r"(sas), [ass] "r"(ass), [sa4] "r"(4 * sas), [as4] "r"(4 * ass)
-            : "t0", "t1", "memory" IMEGEN_VCLOBBERS("vl", "vtype", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23"));
+            : "t0", "t1", "t2", "ft0", "ft1", "memory" IMEGEN_VCLOBBERS("vl", "vtype", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23"));
     }
     for (size_t i = 0; i < rows; i++)
         for (size_t j = 0; j < cols; j++)

@@ -118,6 +118,11 @@ def lmul_for(bits_needed: int, vlen: int) -> int:
     return lmul
 
 
+def gemv_fold_lmul(tile_n: int) -> int:
+    """LMUL of the gemv fold's e32 vectors: the row's tile_n results."""
+    return lmul_for(tile_n * 32, IME_VLEN)
+
+
 def register_budget(spec: KernelSpec) -> dict[str, int]:
     """Vector registers the kernel's inner loop keeps live, by class (0 for scalar)."""
     if spec.target == "ime":
@@ -128,9 +133,16 @@ def register_budget(spec: KernelSpec) -> dict[str, int]:
             a_regs = ma * spec.k_unroll
         b_regs = na * spec.k_unroll
         # After the k loop the A/B registers are dead and the vector fold (fp32 scaling, zero-point
-        # correction) needs 8 register pairs of its own: count whichever phase needs more.
+        # correction) needs 8 register pairs of its own (gemv: three e32 groups of the row's TN lanes
+        # above the accumulators, see plan._gemv_fold): count whichever phase needs more.
+        loop = 2 * ma * na + a_regs + b_regs
+        if spec.tile_m == 1:
+            g = gemv_fold_lmul(spec.tile_n)
+            fold = -(-2 * na // g) * g + 3 * g - loop
+        else:
+            fold = IME_FOLD_REGS - a_regs - b_regs
         return {"int32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": b_regs,
-                "fold temporaries": max(0, IME_FOLD_REGS - a_regs - b_regs)}
+                "fold temporaries": max(0, fold)}
     if spec.target == "rvv":
         if spec.compute == "fp32":
             l32 = lmul_for(spec.tile_n * 32, spec.vlen)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .ime_encoding import encode_vmadot, mnemonic
-from .ir import KernelSpec, lmul_for, register_budget
+from .ir import KernelSpec, gemv_fold_lmul, lmul_for, register_budget
 
 # M blocking: the rows of A's workspace one pass over all N tiles reuses stay within half the K1's
 # 512 KB L2, so A is read from L2 (and the packed B streamed once per M block) instead of A
@@ -61,6 +61,8 @@ class ImePlan:
     clobbers: tuple[str, ...]
     vmadots_per_tile_block: int
     fold: tuple[AsmOp, ...]  # after the loop: acc pairs -> fp32, zero-point fix, scale, add into facc
+    facc_floats: int  # the tile's fp32 accumulators in memory (gemv: TN results, then TN dots of the block)
+    facc_at: str  # C expr in i, j: where output (i, j) accumulates
 
 
 @dataclass(frozen=True)
@@ -241,6 +243,8 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
         iterations_per_block=spec.block // (8 * ku), a_bytes_per_iteration=a_step,
         b_stride=spec.panel * 8,  # a panel's B tiles for one 16-k (4-bit) or 8-k (8-bit) group
         clobbers=tuple(f"v{r}" for r in range(n_regs)),
+        facc_floats=2 * spec.tile_n if gemv else ma * na * 16,
+        facc_at="j" if gemv else f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4",
         vmadots_per_tile_block=(spec.block // 8) * ma * na,
     )
 
@@ -268,7 +272,7 @@ def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp
     pairs = iter(r for r in range(0, 32, 2) if r not in taken)
     IDXC, IDXR, SA, AS, X4, SB, Y, ZP = (next(pairs) for _ in range(8))
     if spec.tile_m == 1:
-        return _gemv_fold(spec, acc[0], SB, X4, Y, ZP)
+        return _gemv_fold(spec, acc[0])
     asym, blksum = spec.zero_point == "asymmetric", spec.zero_point == "blksum"
     vs = lambda n, sew="e32", lmul="m2": AsmOp("vset", f"vsetivli zero, {n}, {sew}, {lmul}, ta, ma")  # noqa: E731
     ops = [vs(16), AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q"),
@@ -307,33 +311,46 @@ def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp
     return tuple(ops)
 
 
-def _gemv_fold(spec: KernelSpec, row: tuple[int, ...], SB: int, X: int, Y: int, FT: int) -> tuple[AsmOp, ...]:
-    """One live row: only lanes 0..3 (row 0, columns 4ni..4ni+3) of each accumulator pair matter,
-    so the fold runs at vl = 4 with the row's scale and sum as scalars: no spreading gathers.
-    facc[4ni..] += float(dot - zp * sum_a) * (scale_b * scale_a), or with MLAS block sums
+def _gemv_fold(spec: KernelSpec, row: tuple[int, ...]) -> tuple[AsmOp, ...]:
+    """One live row: only lanes 0..3 (row 0, columns 4ni..4ni+3) of each accumulator pair matter.
+    They are stored side by side (the dot scratch behind facc) and folded as one e32 vector of TN
+    lanes (three LMUL-g groups above the accumulators), with the row's scale and sum as scalars:
+    facc[0..TN) += float(dot - zp * sum_a) * (scale_b * scale_a), or with MLAS block sums
     facc += float(dot) * (scale_b * scale_a) + blksum_a * blksum_b."""
+    tn = spec.tile_n
     asym, blksum = spec.zero_point == "asymmetric", spec.zero_point == "blksum"
-    vs = lambda n, sew="e32", lmul="m1": AsmOp("vset", f"vsetivli zero, {n}, {sew}, {lmul}, ta, ma")  # noqa: E731
+    g = gemv_fold_lmul(tn)
+    D = -(-2 * len(row) // g) * g
+    S, F = D + g, D + 2 * g  # S: zero points, then scales, then block sums; F: staging, then facc
+
+    def vs(sew: int) -> AsmOp:  # vl = TN; vsetivli takes at most 31, and 32 is VLMAX at these LMULs
+        lmul = _lmul_name(g * sew, 32)
+        return AsmOp("vset", f"vsetivli zero, {tn}, e{sew}, {lmul}, ta, ma" if tn < 32 else f"vsetvli t0, zero, e{sew}, {lmul}, ta, ma")
     ops = [AsmOp("flw", "flw ft0, 0(%[sa])", "A scale"),
-           AsmOp("flw", "flw ft1, 0(%[as])", "A block sum") if blksum else AsmOp("lw", "lw t2, 0(%[as])", "A block sum")]
+           AsmOp("flw", "flw ft1, 0(%[as])", "A block sum") if blksum else AsmOp("lw", "lw t2, 0(%[as])", "A block sum"),
+           AsmOp("vset", "vsetivli zero, 4, e32, m1, ta, ma")]
     if not (asym or blksum):
         ops.append(AsmOp("mul", "mul t2, t2, %[zpc]", "zp * sum_a"))
     for ni, vd in enumerate(row):
-        ops += _scale_load(spec, SB, X, ni, vs)
-        if asym:
-            ops += [AsmOp("addi", f"addi t1, %[zp], {ni * 4}"), vs(4, "e8", "mf4"),
-                    AsmOp("vle8", f"vle8.v v{X}, (t1)", "B zero points"), vs(4),
-                    AsmOp("vzext", f"vzext.vf4 v{Y}, v{X}"), AsmOp("vnmsac", f"vnmsac.vx v{vd}, t2, v{Y}", "dot -= zp * sum_a")]
-        elif not blksum:
-            ops.append(AsmOp("vsub", f"vsub.vx v{vd}, v{vd}, t2", "dot -= zp * sum_a"))
-        off = ni * 64
-        ops += [AsmOp("vfcvt", f"vfcvt.f.x.v v{vd}, v{vd}"), AsmOp("vfmul", f"vfmul.vf v{SB}, v{SB}, ft0", "scale_b * scale_a"),
-                AsmOp("addi", f"addi t1, %[facc], {off}"), AsmOp("vle32", f"vle32.v v{FT}, (t1)"),
-                AsmOp("vfmacc", f"vfmacc.vv v{FT}, v{vd}, v{SB}")]
-        if blksum:
-            ops += [AsmOp("addi", f"addi t2, %[bs], {ni * 16}"), AsmOp("vle32", f"vle32.v v{Y}, (t2)", "B block sums"),
-                    AsmOp("vfmacc", f"vfmacc.vf v{FT}, ft1, v{Y}", "+ blksum_a * blksum_b")]
-        ops.append(AsmOp("vse32", f"vse32.v v{FT}, (t1)"))
+        ops += [AsmOp("addi", f"addi t1, %[facc], {4 * tn + 16 * ni}"), AsmOp("vse32", f"vse32.v v{vd}, (t1)", f"dots of cols {4 * ni}..{4 * ni + 3}")]
+    ops += [vs(32), AsmOp("addi", f"addi t1, %[facc], {4 * tn}"), AsmOp("vle32", f"vle32.v v{D}, (t1)", "the row's dots")]
+    if asym:
+        ops += [vs(8), AsmOp("vle8", f"vle8.v v{F}, (%[zp])", "B zero points"), vs(32),
+                AsmOp("vzext", f"vzext.vf4 v{S}, v{F}"), AsmOp("vnmsac", f"vnmsac.vx v{D}, t2, v{S}", "dot -= zp * sum_a")]
+    elif not blksum:
+        ops.append(AsmOp("vsub", f"vsub.vx v{D}, v{D}, t2", "dot -= zp * sum_a"))
+    ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{D}, v{D}"))
+    if spec.scale_type == "fp16":
+        ops += [vs(16), AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"),
+                AsmOp("vfwcvt", f"vfwcvt.f.f.v v{S}, v{F}", "widened to fp32"), vs(32)]
+    else:
+        ops.append(AsmOp("vle32", f"vle32.v v{S}, (%[sb])", "B scales"))
+    ops += [AsmOp("vfmul", f"vfmul.vf v{S}, v{S}, ft0", "scale_b * scale_a"),
+            AsmOp("vle32", f"vle32.v v{F}, (%[facc])"), AsmOp("vfmacc", f"vfmacc.vv v{F}, v{D}, v{S}")]
+    if blksum:
+        ops += [AsmOp("vle32", f"vle32.v v{S}, (%[bs])", "B block sums"),
+                AsmOp("vfmacc", f"vfmacc.vf v{F}, ft1, v{S}", "+ blksum_a * blksum_b")]
+    ops.append(AsmOp("vse32", f"vse32.v v{F}, (%[facc])"))
     return tuple(ops)
 
 
