@@ -245,54 +245,32 @@ static void q4_decode_ime_tile(const q4_decode_ime_aview *av, const q4_decode_im
             "vsetvli t0, zero, e8, m1, ta, ma\n\t" /* vmadot runs at e8, LMUL=1, vl=32 */
             "1:\n\t"
             "vle8.v v8, (%[a])\n\t" /* A row, k-steps 0..3 */
-            "vle8.v v10, (%[b])\n\t" /* B cols 0..3, group 0 */
-            "vand.vi v18, v10, 15\n\t" /* low nibbles */
-            "vsrl.vi v10, v10, 4\n\t" /* high nibbles */
-            "addi t1, %[b], 32\n\t"
-            "vle8.v v11, (t1)\n\t" /* B cols 4..7, group 0 */
-            "vand.vi v19, v11, 15\n\t" /* low nibbles */
-            "vsrl.vi v11, v11, 4\n\t" /* high nibbles */
-            "addi t1, %[b], 64\n\t"
-            "vle8.v v12, (t1)\n\t" /* B cols 8..11, group 0 */
+            "vsetvli t0, zero, e8, m4, ta, ma\n\t"
+            "vle8.v v12, (%[b])\n\t" /* B cols 0..15, group 0 */
             "vand.vi v20, v12, 15\n\t" /* low nibbles */
             "vsrl.vi v12, v12, 4\n\t" /* high nibbles */
-            "addi t1, %[b], 96\n\t"
-            "vle8.v v13, (t1)\n\t" /* B cols 12..15, group 0 */
-            "vand.vi v21, v13, 15\n\t" /* low nibbles */
-            "vsrl.vi v13, v13, 4\n\t" /* high nibbles */
             "add %[b], %[b], %[bstride]\n\t"
-            "vle8.v v14, (%[b])\n\t" /* B cols 0..3, group 1 */
-            "vand.vi v22, v14, 15\n\t" /* low nibbles */
-            "vsrl.vi v14, v14, 4\n\t" /* high nibbles */
-            "addi t1, %[b], 32\n\t"
-            "vle8.v v15, (t1)\n\t" /* B cols 4..7, group 1 */
-            "vand.vi v23, v15, 15\n\t" /* low nibbles */
-            "vsrl.vi v15, v15, 4\n\t" /* high nibbles */
-            "addi t1, %[b], 64\n\t"
-            "vle8.v v16, (t1)\n\t" /* B cols 8..11, group 1 */
+            "vle8.v v16, (%[b])\n\t" /* B cols 0..15, group 1 */
             "vand.vi v24, v16, 15\n\t" /* low nibbles */
             "vsrl.vi v16, v16, 4\n\t" /* high nibbles */
-            "addi t1, %[b], 96\n\t"
-            "vle8.v v17, (t1)\n\t" /* B cols 12..15, group 1 */
-            "vand.vi v25, v17, 15\n\t" /* low nibbles */
-            "vsrl.vi v17, v17, 4\n\t" /* high nibbles */
             "add %[b], %[b], %[bstride]\n\t"
-            ".word 0xe324202b\n\t" /* vmadotsu v0, v8, v18 */
-            ".word 0xe334212b\n\t" /* vmadotsu v2, v8, v19 */
-            ".word 0xe344222b\n\t" /* vmadotsu v4, v8, v20 */
-            ".word 0xe354232b\n\t" /* vmadotsu v6, v8, v21 */
-            ".word 0xe6a4202b\n\t" /* vmadot1su v0, v8, v10 */
-            ".word 0xe6b4212b\n\t" /* vmadot1su v2, v8, v11 */
-            ".word 0xe6c4222b\n\t" /* vmadot1su v4, v8, v12 */
-            ".word 0xe6d4232b\n\t" /* vmadot1su v6, v8, v13 */
-            ".word 0xe764602b\n\t" /* vmadot2su v0, v8, v22 */
-            ".word 0xe774612b\n\t" /* vmadot2su v2, v8, v23 */
-            ".word 0xe784622b\n\t" /* vmadot2su v4, v8, v24 */
-            ".word 0xe794632b\n\t" /* vmadot2su v6, v8, v25 */
-            ".word 0xe6e4a02b\n\t" /* vmadot3su v0, v8, v14 */
-            ".word 0xe6f4a12b\n\t" /* vmadot3su v2, v8, v15 */
-            ".word 0xe704a22b\n\t" /* vmadot3su v4, v8, v16 */
-            ".word 0xe714a32b\n\t" /* vmadot3su v6, v8, v17 */
+            "vsetvli t0, zero, e8, m1, ta, ma\n\t"
+            ".word 0xe344202b\n\t" /* vmadotsu v0, v8, v20 */
+            ".word 0xe354212b\n\t" /* vmadotsu v2, v8, v21 */
+            ".word 0xe364222b\n\t" /* vmadotsu v4, v8, v22 */
+            ".word 0xe374232b\n\t" /* vmadotsu v6, v8, v23 */
+            ".word 0xe6c4202b\n\t" /* vmadot1su v0, v8, v12 */
+            ".word 0xe6d4212b\n\t" /* vmadot1su v2, v8, v13 */
+            ".word 0xe6e4222b\n\t" /* vmadot1su v4, v8, v14 */
+            ".word 0xe6f4232b\n\t" /* vmadot1su v6, v8, v15 */
+            ".word 0xe784602b\n\t" /* vmadot2su v0, v8, v24 */
+            ".word 0xe794612b\n\t" /* vmadot2su v2, v8, v25 */
+            ".word 0xe7a4622b\n\t" /* vmadot2su v4, v8, v26 */
+            ".word 0xe7b4632b\n\t" /* vmadot2su v6, v8, v27 */
+            ".word 0xe704a02b\n\t" /* vmadot3su v0, v8, v16 */
+            ".word 0xe714a12b\n\t" /* vmadot3su v2, v8, v17 */
+            ".word 0xe724a22b\n\t" /* vmadot3su v4, v8, v18 */
+            ".word 0xe734a32b\n\t" /* vmadot3su v6, v8, v19 */
             "addi %[a], %[a], 32\n\t"
             "addi %[n], %[n], -1\n\t"
             "bnez %[n], 1b\n\t"
@@ -324,10 +302,9 @@ static void q4_decode_ime_tile(const q4_decode_ime_aview *av, const q4_decode_im
             "vse32.v v12, (%[facc])\n\t"
             /* early-clobber: the asm writes these before it has read every input */
             : [a] "+&r"(a), [b] "+&r"(b), [n] "+&r"(n), [sa] "+&r"(sa), [as] "+&r"(as)
-            : [bstride] "r"((size_t)256), [facc] "r"(facc), [idx] "r"(q4_decode_ime_fold_index),
-              [sb] "r"(ch.scales + c0), [zp] "r"(ch.zp + c0),
+            : [bstride] "r"((size_t)256), [facc] "r"(facc), [idx] "r"(q4_decode_ime_fold_index),              [sb] "r"(ch.scales + c0), [zp] "r"(ch.zp + c0),
               [sas] "r"(sas), [ass] "r"(ass), [sa4] "r"(4 * sas), [as4] "r"(4 * ass)
-            : "t0", "t1", "t2", "ft0", "ft1", "memory" IMEGEN_VCLOBBERS("vl", "vtype", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25"));
+            : "t0", "t1", "t2", "ft0", "ft1", "memory" IMEGEN_VCLOBBERS("vl", "vtype", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27"));
     }
     for (size_t i = 0; i < rows; i++)
         for (size_t j = 0; j < cols; j++)

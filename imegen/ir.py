@@ -123,6 +123,15 @@ def gemv_fold_lmul(tile_n: int) -> int:
     return lmul_for(tile_n * 32, IME_VLEN)
 
 
+def zero_points_in_b(spec: KernelSpec) -> str | None:
+    """4-bit IME gemm kernels subtract the zero point from each unpacked B code (q - zp fits int8) and
+    run signed vmadot, so the block fold needs no zp * sum(a) correction: 'asymmetric' (a register
+    run of spread zero points, na registers), 'symmetric' (vadd -8), or None (the fold corrects)."""
+    if spec.target == "ime" and spec.bits == 4 and spec.tile_m > 1 and spec.zero_point in ("symmetric", "asymmetric"):
+        return spec.zero_point
+    return None
+
+
 def register_budget(spec: KernelSpec) -> dict[str, int]:
     """Vector registers the kernel's inner loop keeps live, by class (0 for scalar)."""
     if spec.target == "ime":
@@ -141,8 +150,11 @@ def register_budget(spec: KernelSpec) -> dict[str, int]:
             fold = -(-2 * na // g) * g + 3 * g - loop
         else:
             fold = IME_FOLD_REGS - a_regs - b_regs
-        return {"int32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": b_regs,
-                "fold temporaries": max(0, fold)}
+        zp = na if zero_points_in_b(spec) == "asymmetric" else 0
+        budget = {"int32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": b_regs}
+        if zp:
+            budget["B zero points"] = zp
+        return {**budget, "fold temporaries": max(0, fold - zp)}
     if spec.target == "rvv":
         if spec.compute == "fp32":
             l32 = lmul_for(spec.tile_n * 32, spec.vlen)
