@@ -224,7 +224,7 @@ static void q4_decode_ime_tile(const q4_decode_ime_aview *av, const q4_decode_im
     size_t rows, size_t cols, const float *bias, float *c, size_t ldc)
 {
     const size_t p = n0 / NB, c0 = n0 % NB;
-    float facc[64] = {0}; /* [mi][ni] 4x4 tiles, row-major: the vmadot accumulator layout */
+    float facc[32] = {0}; /* the row, then the block dots */
     (void)bias;
     /* Byte strides between the A rows' block scales and sums; one live row: every lane reads row 0. */
     const size_t rows_apart = 0;
@@ -245,152 +245,70 @@ static void q4_decode_ime_tile(const q4_decode_ime_aview *av, const q4_decode_im
             "vsetvli t0, zero, e8, m1, ta, ma\n\t" /* vmadot runs at e8, LMUL=1, vl=32 */
             "1:\n\t"
             "vle8.v v8, (%[a])\n\t" /* A row, k-steps 0..3 */
-            "vle8.v v10, (%[b])\n\t" /* B cols 0..3, group 0 */
-            "vand.vi v18, v10, 15\n\t" /* low nibbles */
-            "vsrl.vi v10, v10, 4\n\t" /* high nibbles */
-            "addi t1, %[b], 32\n\t"
-            "vle8.v v11, (t1)\n\t" /* B cols 4..7, group 0 */
-            "vand.vi v19, v11, 15\n\t" /* low nibbles */
-            "vsrl.vi v11, v11, 4\n\t" /* high nibbles */
-            "addi t1, %[b], 64\n\t"
-            "vle8.v v12, (t1)\n\t" /* B cols 8..11, group 0 */
+            "vsetvli t0, zero, e8, m4, ta, ma\n\t"
+            "vle8.v v12, (%[b])\n\t" /* B cols 0..15, group 0 */
             "vand.vi v20, v12, 15\n\t" /* low nibbles */
             "vsrl.vi v12, v12, 4\n\t" /* high nibbles */
-            "addi t1, %[b], 96\n\t"
-            "vle8.v v13, (t1)\n\t" /* B cols 12..15, group 0 */
-            "vand.vi v21, v13, 15\n\t" /* low nibbles */
-            "vsrl.vi v13, v13, 4\n\t" /* high nibbles */
             "add %[b], %[b], %[bstride]\n\t"
-            "vle8.v v14, (%[b])\n\t" /* B cols 0..3, group 1 */
-            "vand.vi v22, v14, 15\n\t" /* low nibbles */
-            "vsrl.vi v14, v14, 4\n\t" /* high nibbles */
-            "addi t1, %[b], 32\n\t"
-            "vle8.v v15, (t1)\n\t" /* B cols 4..7, group 1 */
-            "vand.vi v23, v15, 15\n\t" /* low nibbles */
-            "vsrl.vi v15, v15, 4\n\t" /* high nibbles */
-            "addi t1, %[b], 64\n\t"
-            "vle8.v v16, (t1)\n\t" /* B cols 8..11, group 1 */
+            "vle8.v v16, (%[b])\n\t" /* B cols 0..15, group 1 */
             "vand.vi v24, v16, 15\n\t" /* low nibbles */
             "vsrl.vi v16, v16, 4\n\t" /* high nibbles */
-            "addi t1, %[b], 96\n\t"
-            "vle8.v v17, (t1)\n\t" /* B cols 12..15, group 1 */
-            "vand.vi v25, v17, 15\n\t" /* low nibbles */
-            "vsrl.vi v17, v17, 4\n\t" /* high nibbles */
             "add %[b], %[b], %[bstride]\n\t"
-            ".word 0xe324202b\n\t" /* vmadotsu v0, v8, v18 */
-            ".word 0xe334212b\n\t" /* vmadotsu v2, v8, v19 */
-            ".word 0xe344222b\n\t" /* vmadotsu v4, v8, v20 */
-            ".word 0xe354232b\n\t" /* vmadotsu v6, v8, v21 */
-            ".word 0xe6a4202b\n\t" /* vmadot1su v0, v8, v10 */
-            ".word 0xe6b4212b\n\t" /* vmadot1su v2, v8, v11 */
-            ".word 0xe6c4222b\n\t" /* vmadot1su v4, v8, v12 */
-            ".word 0xe6d4232b\n\t" /* vmadot1su v6, v8, v13 */
-            ".word 0xe764602b\n\t" /* vmadot2su v0, v8, v22 */
-            ".word 0xe774612b\n\t" /* vmadot2su v2, v8, v23 */
-            ".word 0xe784622b\n\t" /* vmadot2su v4, v8, v24 */
-            ".word 0xe794632b\n\t" /* vmadot2su v6, v8, v25 */
-            ".word 0xe6e4a02b\n\t" /* vmadot3su v0, v8, v14 */
-            ".word 0xe6f4a12b\n\t" /* vmadot3su v2, v8, v15 */
-            ".word 0xe704a22b\n\t" /* vmadot3su v4, v8, v16 */
-            ".word 0xe714a32b\n\t" /* vmadot3su v6, v8, v17 */
+            "vsetvli t0, zero, e8, m1, ta, ma\n\t"
+            ".word 0xe344202b\n\t" /* vmadotsu v0, v8, v20 */
+            ".word 0xe354212b\n\t" /* vmadotsu v2, v8, v21 */
+            ".word 0xe364222b\n\t" /* vmadotsu v4, v8, v22 */
+            ".word 0xe374232b\n\t" /* vmadotsu v6, v8, v23 */
+            ".word 0xe6c4202b\n\t" /* vmadot1su v0, v8, v12 */
+            ".word 0xe6d4212b\n\t" /* vmadot1su v2, v8, v13 */
+            ".word 0xe6e4222b\n\t" /* vmadot1su v4, v8, v14 */
+            ".word 0xe6f4232b\n\t" /* vmadot1su v6, v8, v15 */
+            ".word 0xe784602b\n\t" /* vmadot2su v0, v8, v24 */
+            ".word 0xe794612b\n\t" /* vmadot2su v2, v8, v25 */
+            ".word 0xe7a4622b\n\t" /* vmadot2su v4, v8, v26 */
+            ".word 0xe7b4632b\n\t" /* vmadot2su v6, v8, v27 */
+            ".word 0xe704a02b\n\t" /* vmadot3su v0, v8, v16 */
+            ".word 0xe714a12b\n\t" /* vmadot3su v2, v8, v17 */
+            ".word 0xe724a22b\n\t" /* vmadot3su v4, v8, v18 */
+            ".word 0xe734a32b\n\t" /* vmadot3su v6, v8, v19 */
             "addi %[a], %[a], 32\n\t"
             "addi %[n], %[n], -1\n\t"
             "bnez %[n], 1b\n\t"
             /* fold */
-            "vsetivli zero, 16, e32, m2, ta, ma\n\t"
-            "vle32.v v8, (%[idx])\n\t" /* lane -> column q */
-            "addi t1, %[idx], 64\n\t"
-            "vle32.v v10, (t1)\n\t" /* lane -> row r */
-            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
-            "vlse32.v v16, (%[sa]), %[sas]\n\t" /* A scales, rows 0..3 */
-            "vlse32.v v20, (%[as]), %[ass]\n\t" /* A block sums */
-            "add %[sa], %[sa], %[sa4]\n\t"
-            "add %[as], %[as], %[as4]\n\t"
-            "vsetivli zero, 16, e32, m2, ta, ma\n\t"
-            "vrgather.vv v12, v16, v10\n\t"
-            "vrgather.vv v14, v20, v10\n\t"
-            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
-            "addi t1, %[sb], 0\n\t"
-            "vle32.v v16, (t1)\n\t" /* B scales, cols 0..3 */
-            "addi t1, %[zp], 0\n\t"
-            "vsetivli zero, 4, e8, mf2, ta, ma\n\t"
-            "vle8.v v22, (t1)\n\t" /* B zero points */
-            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
-            "vzext.vf4 v20, v22\n\t"
-            "vsetivli zero, 16, e32, m2, ta, ma\n\t"
-            "vrgather.vv v18, v16, v8\n\t"
-            "vrgather.vv v22, v20, v8\n\t"
-            "vnmsac.vv v0, v22, v14\n\t" /* dot -= zp * sum_a */
-            "vfcvt.f.x.v v0, v0\n\t"
-            "vfmul.vv v20, v12, v18\n\t" /* scale_a * scale_b */
-            "addi t1, %[facc], 0\n\t"
-            "vle32.v v22, (t1)\n\t"
-            "vfmacc.vv v22, v0, v20\n\t"
-            "vse32.v v22, (t1)\n\t"
-            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
-            "addi t1, %[sb], 16\n\t"
-            "vle32.v v16, (t1)\n\t" /* B scales, cols 4..7 */
-            "addi t1, %[zp], 4\n\t"
-            "vsetivli zero, 4, e8, mf2, ta, ma\n\t"
-            "vle8.v v22, (t1)\n\t" /* B zero points */
-            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
-            "vzext.vf4 v20, v22\n\t"
-            "vsetivli zero, 16, e32, m2, ta, ma\n\t"
-            "vrgather.vv v18, v16, v8\n\t"
-            "vrgather.vv v22, v20, v8\n\t"
-            "vnmsac.vv v2, v22, v14\n\t" /* dot -= zp * sum_a */
-            "vfcvt.f.x.v v2, v2\n\t"
-            "vfmul.vv v20, v12, v18\n\t" /* scale_a * scale_b */
+            "flw ft0, 0(%[sa])\n\t" /* A scale */
+            "lw t2, 0(%[as])\n\t" /* A block sum */
+            "vsetivli zero, 4, e32, m1, ta, ma\n\t"
             "addi t1, %[facc], 64\n\t"
-            "vle32.v v22, (t1)\n\t"
-            "vfmacc.vv v22, v2, v20\n\t"
-            "vse32.v v22, (t1)\n\t"
-            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
-            "addi t1, %[sb], 32\n\t"
-            "vle32.v v16, (t1)\n\t" /* B scales, cols 8..11 */
-            "addi t1, %[zp], 8\n\t"
-            "vsetivli zero, 4, e8, mf2, ta, ma\n\t"
-            "vle8.v v22, (t1)\n\t" /* B zero points */
-            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
-            "vzext.vf4 v20, v22\n\t"
+            "vse32.v v0, (t1)\n\t" /* dots of cols 0..3 */
+            "addi t1, %[facc], 80\n\t"
+            "vse32.v v2, (t1)\n\t" /* dots of cols 4..7 */
+            "addi t1, %[facc], 96\n\t"
+            "vse32.v v4, (t1)\n\t" /* dots of cols 8..11 */
+            "addi t1, %[facc], 112\n\t"
+            "vse32.v v6, (t1)\n\t" /* dots of cols 12..15 */
             "vsetivli zero, 16, e32, m2, ta, ma\n\t"
-            "vrgather.vv v18, v16, v8\n\t"
-            "vrgather.vv v22, v20, v8\n\t"
-            "vnmsac.vv v4, v22, v14\n\t" /* dot -= zp * sum_a */
-            "vfcvt.f.x.v v4, v4\n\t"
-            "vfmul.vv v20, v12, v18\n\t" /* scale_a * scale_b */
-            "addi t1, %[facc], 128\n\t"
-            "vle32.v v22, (t1)\n\t"
-            "vfmacc.vv v22, v4, v20\n\t"
-            "vse32.v v22, (t1)\n\t"
-            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
-            "addi t1, %[sb], 48\n\t"
-            "vle32.v v16, (t1)\n\t" /* B scales, cols 12..15 */
-            "addi t1, %[zp], 12\n\t"
-            "vsetivli zero, 4, e8, mf2, ta, ma\n\t"
-            "vle8.v v22, (t1)\n\t" /* B zero points */
-            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
-            "vzext.vf4 v20, v22\n\t"
+            "addi t1, %[facc], 64\n\t"
+            "vle32.v v8, (t1)\n\t" /* the row's dots */
+            "vsetivli zero, 16, e8, mf2, ta, ma\n\t"
+            "vle8.v v12, (%[zp])\n\t" /* B zero points */
             "vsetivli zero, 16, e32, m2, ta, ma\n\t"
-            "vrgather.vv v18, v16, v8\n\t"
-            "vrgather.vv v22, v20, v8\n\t"
-            "vnmsac.vv v6, v22, v14\n\t" /* dot -= zp * sum_a */
-            "vfcvt.f.x.v v6, v6\n\t"
-            "vfmul.vv v20, v12, v18\n\t" /* scale_a * scale_b */
-            "addi t1, %[facc], 192\n\t"
-            "vle32.v v22, (t1)\n\t"
-            "vfmacc.vv v22, v6, v20\n\t"
-            "vse32.v v22, (t1)\n\t"
+            "vzext.vf4 v10, v12\n\t"
+            "vnmsac.vx v8, t2, v10\n\t" /* dot -= zp * sum_a */
+            "vfcvt.f.x.v v8, v8\n\t"
+            "vle32.v v10, (%[sb])\n\t" /* B scales */
+            "vfmul.vf v10, v10, ft0\n\t" /* scale_b * scale_a */
+            "vle32.v v12, (%[facc])\n\t"
+            "vfmacc.vv v12, v8, v10\n\t"
+            "vse32.v v12, (%[facc])\n\t"
             /* early-clobber: the asm writes these before it has read every input */
             : [a] "+&r"(a), [b] "+&r"(b), [n] "+&r"(n), [sa] "+&r"(sa), [as] "+&r"(as)
-            : [bstride] "r"((size_t)256), [facc] "r"(facc), [idx] "r"(q4_decode_ime_fold_index),
-              [sb] "r"(ch.scales + c0), [zp] "r"(ch.zp + c0),
+            : [bstride] "r"((size_t)256), [facc] "r"(facc), [idx] "r"(q4_decode_ime_fold_index),              [sb] "r"(ch.scales + c0), [zp] "r"(ch.zp + c0),
               [sas] "r"(sas), [ass] "r"(ass), [sa4] "r"(4 * sas), [as4] "r"(4 * ass)
-            : "t0", "t1", "memory" IMEGEN_VCLOBBERS("vl", "vtype", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25"));
+            : "t0", "t1", "t2", "ft0", "ft1", "memory" IMEGEN_VCLOBBERS("vl", "vtype", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27"));
     }
     for (size_t i = 0; i < rows; i++)
         for (size_t j = 0; j < cols; j++)
-            c[i * ldc + j] = facc[(i / 4 * 4 + j / 4) * 16 + i % 4 * 4 + j % 4];
+            c[i * ldc + j] = facc[j];
 }
 
 int q4_decode_ime_matmul(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *packed_b,

@@ -6,7 +6,7 @@
  * Config: op=gemm bits=4 block=32 zero_point=asymmetric bias=no compute=int8 target=ime vlen=256 tile=4x16 k_unroll=2 unpack=planar panel=16 scales=inline scale_type=fp32 abi=imegen
  * Packed B: panels of 16 columns; per (panel, block) 256 data bytes,
  *           64 scale bytes, 16 zero-point bytes (inline).
- * Vector registers: int32 accumulators 8, A tiles 2, B tiles 8, fold temporaries 6.
+ * Vector registers: int32 accumulators 8, A tiles 2, B tiles 8, B zero points 4, fold temporaries 2.
  */
 #include "q4_prefill_ime.h"
 
@@ -220,6 +220,11 @@ static const uint32_t q4_prefill_ime_fold_index[32] = {
 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3
 };
 
+/* vrgather indices spreading a tile's column zero points over the unpacked B tiles (byte -> column). */
+static const uint8_t q4_prefill_ime_zp_index[128] = {
+0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7, 8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11, 12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13, 14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15
+};
+
 static void q4_prefill_ime_tile(const q4_prefill_ime_aview *av, const q4_prefill_ime_bview *bv, size_t m0, size_t kb, size_t n0,
     size_t rows, size_t cols, const float *bias, float *c, size_t ldc)
 {
@@ -242,35 +247,41 @@ static void q4_prefill_ime_tile(const q4_prefill_ime_aview *av, const q4_prefill
             "vmv.v.i v2, 0\n\t"
             "vmv.v.i v4, 0\n\t"
             "vmv.v.i v6, 0\n\t"
+            "vsetivli zero, 16, e8, m1, ta, ma\n\t"
+            "vle8.v v12, (%[zp])\n\t" /* B zero points of the tile's columns */
+            "vsetvli t0, zero, e8, m1, ta, ma\n\t"
+            "addi t1, %[zpi], 0\n\t"
+            "vle8.v v16, (t1)\n\t" /* byte -> column */
+            "vrgather.vv v20, v12, v16\n\t" /* zero points, cols 0..3 */
+            "addi t1, %[zpi], 32\n\t"
+            "vle8.v v16, (t1)\n\t" /* byte -> column */
+            "vrgather.vv v21, v12, v16\n\t" /* zero points, cols 4..7 */
+            "addi t1, %[zpi], 64\n\t"
+            "vle8.v v16, (t1)\n\t" /* byte -> column */
+            "vrgather.vv v22, v12, v16\n\t" /* zero points, cols 8..11 */
+            "addi t1, %[zpi], 96\n\t"
+            "vle8.v v16, (t1)\n\t" /* byte -> column */
+            "vrgather.vv v23, v12, v16\n\t" /* zero points, cols 12..15 */
             "vsetvli t0, zero, e8, m1, ta, ma\n\t" /* vmadot runs at e8, LMUL=1, vl=32 */
             "1:\n\t"
-            "vle8.v v8, (%[a])\n\t" /* A rows 0..3, k-step 0 */
-            "addi t1, %[a], 32\n\t"
-            "vle8.v v9, (t1)\n\t" /* A rows 0..3, k-step 1 */
-            "vle8.v v10, (%[b])\n\t" /* B cols 0..3, group 0 */
-            "vand.vi v14, v10, 15\n\t" /* low nibbles */
-            "vsrl.vi v10, v10, 4\n\t" /* high nibbles */
-            "addi t1, %[b], 32\n\t"
-            "vle8.v v11, (t1)\n\t" /* B cols 4..7, group 0 */
-            "vand.vi v15, v11, 15\n\t" /* low nibbles */
-            "vsrl.vi v11, v11, 4\n\t" /* high nibbles */
-            "addi t1, %[b], 64\n\t"
-            "vle8.v v12, (t1)\n\t" /* B cols 8..11, group 0 */
+            "vsetvli t0, zero, e8, m2, ta, ma\n\t"
+            "vle8.v v8, (%[a])\n\t" /* A: 2 k-steps x 1 tiles, v8-v9 */
+            "vsetvli t0, zero, e8, m4, ta, ma\n\t"
+            "vle8.v v12, (%[b])\n\t" /* B cols 0..15, group 0 */
             "vand.vi v16, v12, 15\n\t" /* low nibbles */
             "vsrl.vi v12, v12, 4\n\t" /* high nibbles */
-            "addi t1, %[b], 96\n\t"
-            "vle8.v v13, (t1)\n\t" /* B cols 12..15, group 0 */
-            "vand.vi v17, v13, 15\n\t" /* low nibbles */
-            "vsrl.vi v13, v13, 4\n\t" /* high nibbles */
+            "vsub.vv v16, v16, v20\n\t" /* - zero point */
+            "vsub.vv v12, v12, v20\n\t" /* - zero point */
             "add %[b], %[b], %[bstride]\n\t"
-            ".word 0xe2e4202b\n\t" /* vmadotsu v0, v8, v14 */
-            ".word 0xe2f4212b\n\t" /* vmadotsu v2, v8, v15 */
-            ".word 0xe304222b\n\t" /* vmadotsu v4, v8, v16 */
-            ".word 0xe314232b\n\t" /* vmadotsu v6, v8, v17 */
-            ".word 0xe2a4a02b\n\t" /* vmadotsu v0, v9, v10 */
-            ".word 0xe2b4a12b\n\t" /* vmadotsu v2, v9, v11 */
-            ".word 0xe2c4a22b\n\t" /* vmadotsu v4, v9, v12 */
-            ".word 0xe2d4a32b\n\t" /* vmadotsu v6, v9, v13 */
+            "vsetvli t0, zero, e8, m1, ta, ma\n\t"
+            ".word 0xe304302b\n\t" /* vmadot v0, v8, v16 */
+            ".word 0xe314312b\n\t" /* vmadot v2, v8, v17 */
+            ".word 0xe324322b\n\t" /* vmadot v4, v8, v18 */
+            ".word 0xe334332b\n\t" /* vmadot v6, v8, v19 */
+            ".word 0xe2c4b02b\n\t" /* vmadot v0, v9, v12 */
+            ".word 0xe2d4b12b\n\t" /* vmadot v2, v9, v13 */
+            ".word 0xe2e4b22b\n\t" /* vmadot v4, v9, v14 */
+            ".word 0xe2f4b32b\n\t" /* vmadot v6, v9, v15 */
             "addi %[a], %[a], 64\n\t"
             "addi %[n], %[n], -1\n\t"
             "bnez %[n], 1b\n\t"
@@ -280,91 +291,59 @@ static void q4_prefill_ime_tile(const q4_prefill_ime_aview *av, const q4_prefill
             "addi t1, %[idx], 64\n\t"
             "vle32.v v10, (t1)\n\t" /* lane -> row r */
             "vsetivli zero, 4, e32, m2, ta, ma\n\t"
-            "vlse32.v v16, (%[sa]), %[sas]\n\t" /* A scales, rows 0..3 */
-            "vlse32.v v20, (%[as]), %[ass]\n\t" /* A block sums */
+            "vlse32.v v12, (%[sa]), %[sas]\n\t" /* A scales, rows 0..3 */
             "add %[sa], %[sa], %[sa4]\n\t"
-            "add %[as], %[as], %[as4]\n\t"
             "vsetivli zero, 16, e32, m2, ta, ma\n\t"
-            "vrgather.vv v12, v16, v10\n\t"
-            "vrgather.vv v14, v20, v10\n\t"
+            "vrgather.vv v20, v12, v10\n\t"
             "vsetivli zero, 4, e32, m2, ta, ma\n\t"
             "addi t1, %[sb], 0\n\t"
-            "vle32.v v16, (t1)\n\t" /* B scales, cols 0..3 */
-            "addi t1, %[zp], 0\n\t"
-            "vsetivli zero, 4, e8, mf2, ta, ma\n\t"
-            "vle8.v v22, (t1)\n\t" /* B zero points */
-            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
-            "vzext.vf4 v20, v22\n\t"
+            "vle32.v v12, (t1)\n\t" /* B scales, cols 0..3 */
             "vsetivli zero, 16, e32, m2, ta, ma\n\t"
-            "vrgather.vv v18, v16, v8\n\t"
-            "vrgather.vv v22, v20, v8\n\t"
-            "vnmsac.vv v0, v22, v14\n\t" /* dot -= zp * sum_a */
+            "vrgather.vv v14, v12, v8\n\t"
             "vfcvt.f.x.v v0, v0\n\t"
-            "vfmul.vv v20, v12, v18\n\t" /* scale_a * scale_b */
+            "vfmul.vv v16, v20, v14\n\t" /* scale_a * scale_b */
             "addi t1, %[facc], 0\n\t"
-            "vle32.v v22, (t1)\n\t"
-            "vfmacc.vv v22, v0, v20\n\t"
-            "vse32.v v22, (t1)\n\t"
+            "vle32.v v18, (t1)\n\t"
+            "vfmacc.vv v18, v0, v16\n\t"
+            "vse32.v v18, (t1)\n\t"
             "vsetivli zero, 4, e32, m2, ta, ma\n\t"
             "addi t1, %[sb], 16\n\t"
-            "vle32.v v16, (t1)\n\t" /* B scales, cols 4..7 */
-            "addi t1, %[zp], 4\n\t"
-            "vsetivli zero, 4, e8, mf2, ta, ma\n\t"
-            "vle8.v v22, (t1)\n\t" /* B zero points */
-            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
-            "vzext.vf4 v20, v22\n\t"
+            "vle32.v v12, (t1)\n\t" /* B scales, cols 4..7 */
             "vsetivli zero, 16, e32, m2, ta, ma\n\t"
-            "vrgather.vv v18, v16, v8\n\t"
-            "vrgather.vv v22, v20, v8\n\t"
-            "vnmsac.vv v2, v22, v14\n\t" /* dot -= zp * sum_a */
+            "vrgather.vv v14, v12, v8\n\t"
             "vfcvt.f.x.v v2, v2\n\t"
-            "vfmul.vv v20, v12, v18\n\t" /* scale_a * scale_b */
+            "vfmul.vv v16, v20, v14\n\t" /* scale_a * scale_b */
             "addi t1, %[facc], 64\n\t"
-            "vle32.v v22, (t1)\n\t"
-            "vfmacc.vv v22, v2, v20\n\t"
-            "vse32.v v22, (t1)\n\t"
+            "vle32.v v18, (t1)\n\t"
+            "vfmacc.vv v18, v2, v16\n\t"
+            "vse32.v v18, (t1)\n\t"
             "vsetivli zero, 4, e32, m2, ta, ma\n\t"
             "addi t1, %[sb], 32\n\t"
-            "vle32.v v16, (t1)\n\t" /* B scales, cols 8..11 */
-            "addi t1, %[zp], 8\n\t"
-            "vsetivli zero, 4, e8, mf2, ta, ma\n\t"
-            "vle8.v v22, (t1)\n\t" /* B zero points */
-            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
-            "vzext.vf4 v20, v22\n\t"
+            "vle32.v v12, (t1)\n\t" /* B scales, cols 8..11 */
             "vsetivli zero, 16, e32, m2, ta, ma\n\t"
-            "vrgather.vv v18, v16, v8\n\t"
-            "vrgather.vv v22, v20, v8\n\t"
-            "vnmsac.vv v4, v22, v14\n\t" /* dot -= zp * sum_a */
+            "vrgather.vv v14, v12, v8\n\t"
             "vfcvt.f.x.v v4, v4\n\t"
-            "vfmul.vv v20, v12, v18\n\t" /* scale_a * scale_b */
+            "vfmul.vv v16, v20, v14\n\t" /* scale_a * scale_b */
             "addi t1, %[facc], 128\n\t"
-            "vle32.v v22, (t1)\n\t"
-            "vfmacc.vv v22, v4, v20\n\t"
-            "vse32.v v22, (t1)\n\t"
+            "vle32.v v18, (t1)\n\t"
+            "vfmacc.vv v18, v4, v16\n\t"
+            "vse32.v v18, (t1)\n\t"
             "vsetivli zero, 4, e32, m2, ta, ma\n\t"
             "addi t1, %[sb], 48\n\t"
-            "vle32.v v16, (t1)\n\t" /* B scales, cols 12..15 */
-            "addi t1, %[zp], 12\n\t"
-            "vsetivli zero, 4, e8, mf2, ta, ma\n\t"
-            "vle8.v v22, (t1)\n\t" /* B zero points */
-            "vsetivli zero, 4, e32, m2, ta, ma\n\t"
-            "vzext.vf4 v20, v22\n\t"
+            "vle32.v v12, (t1)\n\t" /* B scales, cols 12..15 */
             "vsetivli zero, 16, e32, m2, ta, ma\n\t"
-            "vrgather.vv v18, v16, v8\n\t"
-            "vrgather.vv v22, v20, v8\n\t"
-            "vnmsac.vv v6, v22, v14\n\t" /* dot -= zp * sum_a */
+            "vrgather.vv v14, v12, v8\n\t"
             "vfcvt.f.x.v v6, v6\n\t"
-            "vfmul.vv v20, v12, v18\n\t" /* scale_a * scale_b */
+            "vfmul.vv v16, v20, v14\n\t" /* scale_a * scale_b */
             "addi t1, %[facc], 192\n\t"
-            "vle32.v v22, (t1)\n\t"
-            "vfmacc.vv v22, v6, v20\n\t"
-            "vse32.v v22, (t1)\n\t"
+            "vle32.v v18, (t1)\n\t"
+            "vfmacc.vv v18, v6, v16\n\t"
+            "vse32.v v18, (t1)\n\t"
             /* early-clobber: the asm writes these before it has read every input */
             : [a] "+&r"(a), [b] "+&r"(b), [n] "+&r"(n), [sa] "+&r"(sa), [as] "+&r"(as)
-            : [bstride] "r"((size_t)128), [facc] "r"(facc), [idx] "r"(q4_prefill_ime_fold_index),
-              [sb] "r"(ch.scales + c0), [zp] "r"(ch.zp + c0),
+            : [bstride] "r"((size_t)128), [facc] "r"(facc), [idx] "r"(q4_prefill_ime_fold_index), [zpi] "r"(q4_prefill_ime_zp_index),              [sb] "r"(ch.scales + c0), [zp] "r"(ch.zp + c0),
               [sas] "r"(sas), [ass] "r"(ass), [sa4] "r"(4 * sas), [as4] "r"(4 * ass)
-            : "t0", "t1", "memory" IMEGEN_VCLOBBERS("vl", "vtype", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23"));
+            : "t0", "t1", "t2", "ft0", "ft1", "memory" IMEGEN_VCLOBBERS("vl", "vtype", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25"));
     }
     for (size_t i = 0; i < rows; i++)
         for (size_t j = 0; j < cols; j++)

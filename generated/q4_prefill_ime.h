@@ -6,7 +6,7 @@
  * Config: op=gemm bits=4 block=32 zero_point=asymmetric bias=no compute=int8 target=ime vlen=256 tile=4x16 k_unroll=2 unpack=planar panel=16 scales=inline scale_type=fp32 abi=imegen
  * Packed B: panels of 16 columns; per (panel, block) 256 data bytes,
  *           64 scale bytes, 16 zero-point bytes (inline).
- * Vector registers: int32 accumulators 8, A tiles 2, B tiles 8, fold temporaries 6.
+ * Vector registers: int32 accumulators 8, A tiles 2, B tiles 8, B zero points 4, fold temporaries 2.
  */
 #ifndef IMEGEN_Q4_PREFILL_IME_H
 #define IMEGEN_Q4_PREFILL_IME_H

@@ -118,6 +118,20 @@ def lmul_for(bits_needed: int, vlen: int) -> int:
     return lmul
 
 
+def gemv_fold_lmul(tile_n: int) -> int:
+    """LMUL of the gemv fold's e32 vectors: the row's tile_n results."""
+    return lmul_for(tile_n * 32, IME_VLEN)
+
+
+def zero_points_in_b(spec: KernelSpec) -> str | None:
+    """4-bit IME gemm kernels subtract the zero point from each unpacked B code (q - zp fits int8) and
+    run signed vmadot, so the block fold needs no zp * sum(a) correction: 'asymmetric' (a register
+    run of spread zero points, na registers), 'symmetric' (vadd -8), or None (the fold corrects)."""
+    if spec.target == "ime" and spec.bits == 4 and spec.tile_m > 1 and spec.zero_point in ("symmetric", "asymmetric"):
+        return spec.zero_point
+    return None
+
+
 def register_budget(spec: KernelSpec) -> dict[str, int]:
     """Vector registers the kernel's inner loop keeps live, by class (0 for scalar)."""
     if spec.target == "ime":
@@ -128,9 +142,19 @@ def register_budget(spec: KernelSpec) -> dict[str, int]:
             a_regs = ma * spec.k_unroll
         b_regs = na * spec.k_unroll
         # After the k loop the A/B registers are dead and the vector fold (fp32 scaling, zero-point
-        # correction) needs 8 register pairs of its own: count whichever phase needs more.
-        return {"int32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": b_regs,
-                "fold temporaries": max(0, IME_FOLD_REGS - a_regs - b_regs)}
+        # correction) needs 8 register pairs of its own (gemv: three e32 groups of the row's TN lanes
+        # above the accumulators, see plan._gemv_fold): count whichever phase needs more.
+        loop = 2 * ma * na + a_regs + b_regs
+        if spec.tile_m == 1:
+            g = gemv_fold_lmul(spec.tile_n)
+            fold = -(-2 * na // g) * g + 3 * g - loop
+        else:
+            fold = IME_FOLD_REGS - a_regs - b_regs
+        zp = na if zero_points_in_b(spec) == "asymmetric" else 0
+        budget = {"int32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": b_regs}
+        if zp:
+            budget["B zero points"] = zp
+        return {**budget, "fold temporaries": max(0, fold - zp)}
     if spec.target == "rvv":
         if spec.compute == "fp32":
             l32 = lmul_for(spec.tile_n * 32, spec.vlen)

@@ -10,14 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .ime_encoding import encode_vmadot, mnemonic
-from .ir import KernelSpec, lmul_for, register_budget
+from .ir import KernelSpec, gemv_fold_lmul, lmul_for, register_budget, zero_points_in_b
 
 # M blocking: the rows of A's workspace one pass over all N tiles reuses stay within half the K1's
 # 512 KB L2, so A is read from L2 (and the packed B streamed once per M block) instead of A
 # streaming from DRAM once per N tile.
 A_BLOCK_BYTES = 256 * 1024
-# A int8 signed x B raw unsigned codes, zero points folded in the epilogue; 8-bit MLAS kernels store
-# B as signed q - 128 and fold zero points through MLAS's block sums (KernelPlan.blksum).
+# A int8 signed x B raw unsigned codes, zero points folded in the epilogue (8-bit, and 4-bit gemv);
+# signed x signed when 4-bit gemm kernels subtract the zero points from the unpacked B (ir.zero_points_in_b)
+# and for 8-bit MLAS kernels, which store B as signed q - 128 and fold zero points through MLAS's block
+# sums (KernelPlan.blksum).
 IME_SIGNEDNESS = {False: "su", True: "ss"}
 
 
@@ -54,6 +56,7 @@ class ImePlan:
     ma: int  # vmadot tiles down the output tile (A tiles)
     na: int  # vmadot tiles across (B tiles)
     acc_regs: tuple[tuple[int, ...], ...]  # [mi][ni] -> even vd of the int32 accumulator pair
+    prologue: tuple[AsmOp, ...]  # per block, before the loop (zero points spread for the B unpack)
     body: tuple[AsmOp, ...]  # one inner-loop iteration: k_unroll 8-k steps
     iterations_per_block: int
     a_bytes_per_iteration: int
@@ -61,6 +64,8 @@ class ImePlan:
     clobbers: tuple[str, ...]
     vmadots_per_tile_block: int
     fold: tuple[AsmOp, ...]  # after the loop: acc pairs -> fp32, zero-point fix, scale, add into facc
+    facc_floats: int  # the tile's fp32 accumulators in memory (gemv: TN results, then TN dots of the block)
+    facc_at: str  # C expr in i, j: where output (i, j) accumulates
 
 
 @dataclass(frozen=True)
@@ -173,26 +178,52 @@ def _a_index(spec: KernelSpec) -> tuple[str, int, int]:
 def _ime_plan(spec: KernelSpec) -> ImePlan:
     ma, na, ku = max(1, spec.tile_m // 4), spec.tile_n // 4, spec.k_unroll
     gemv = spec.tile_m == 1
-    next_reg = 0
-
-    def take(n: int) -> int:
-        nonlocal next_reg
-        first, next_reg = next_reg, next_reg + n
-        return first
-
-    acc = tuple(tuple(take(2) for _ in range(na)) for _ in range(ma))
-    if gemv:  # one A register (plus its odd partner, read by slides) feeds 4 k-steps
-        a_reg = [take(1 if ku == 1 else 2) for _ in range(-(-ku // 4))]
-    else:
-        a_reg = [[take(1) for _ in range(ma)] for _ in range(ku)]
-    b_groups = ku // 2 if spec.bits == 4 else ku
-    b_reg = [[take(1) for _ in range(na)] for _ in range(b_groups)]
-    b_lo = [[take(1) for _ in range(na)] for _ in range(b_groups)] if spec.bits == 4 else None
+    zp_in_b = zero_points_in_b(spec)
     budget = register_budget(spec)
-    n_regs = sum(budget.values())  # loop and fold both allocate upwards from v0
-    assert next_reg + budget["fold temporaries"] == n_regs <= 32, "budget and allocation disagree"
+    fold_regs = budget["fold temporaries"]
+    b_groups = ku // 2 if spec.bits == 4 else ku
+    a_group = 0 if (gemv or spec.abi == "mlas") else ku * ma  # the A tiles of one iteration lie back to back
+
+    def allocate(aligned: bool):
+        """Registers upwards from v0; a power-of-two run of up to 8 registers loaded or unpacked
+        together is aligned to its size (one LMUL > 1 instruction) when `aligned`."""
+        next_reg = 0
+
+        def take(n: int, group: bool = False) -> int:
+            nonlocal next_reg
+            if aligned and group and n in (2, 4, 8):
+                next_reg = -(-next_reg // n) * n
+            first, next_reg = next_reg, next_reg + n
+            return first
+
+        acc = tuple(tuple(take(2) for _ in range(na)) for _ in range(ma))
+        if gemv:  # one A register (plus its odd partner, read by slides) feeds 4 k-steps
+            a_reg = [take(1 if ku == 1 else 2) for _ in range(-(-ku // 4))]
+        else:
+            first = take(ku * ma, group=a_group > 0)
+            a_reg = [[first + s * ma + mi for mi in range(ma)] for s in range(ku)]
+        runs = [take(na, group=True) for _ in range(b_groups * (2 if spec.bits == 4 else 1) + (zp_in_b == "asymmetric"))]
+        return next_reg, acc, a_reg, runs
+
+    used, acc, a_reg, runs = allocate(aligned=True)
+    if used + fold_regs > 32:
+        used, acc, a_reg, runs = allocate(aligned=False)
+    assert used + fold_regs <= 32 and used + fold_regs >= sum(budget.values()), "budget and allocation disagree"
+    n_regs = used + fold_regs  # loop and fold both allocate upwards from v0
+    grouped = lambda first, n: n in (2, 4, 8) and first % n == 0  # noqa: E731
+    b_reg = [[runs[g] + ni for ni in range(na)] for g in range(b_groups)]
+    b_lo = [[runs[b_groups + g] + ni for ni in range(na)] for g in range(b_groups)] if spec.bits == 4 else None
+    zpb = runs[-1] if zp_in_b == "asymmetric" else None
 
     ops: list[AsmOp] = []
+    lmul_now: int | None = 1  # the template enters the loop at e8, m1; every iteration ends there
+
+    def at_lmul(lmul: int | None) -> None:
+        """vsetvli e8 (vl = VLMAX) at `lmul` unless already there; None: something else was set."""
+        nonlocal lmul_now
+        if lmul is not None and lmul != lmul_now:
+            ops.append(AsmOp("vset", f"vsetvli t0, zero, e8, {_lmul_name(lmul)}, ta, ma"))
+        lmul_now = lmul
 
     def load(reg: int, ptr: str, offset: int, what: str):
         if offset:
@@ -200,6 +231,18 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
             ops.append(AsmOp("vle8", f"vle8.v v{reg}, (t1)", what))
         else:
             ops.append(AsmOp("vle8", f"vle8.v v{reg}, ({ptr})", what))
+
+    # Before the loop: the tile's zero points spread over the unpacked B layout (byte 8c+j of a
+    # 4-column B tile is column c), so that `B - zp` is one vsub per register and vmadot runs signed.
+    prologue: list[AsmOp] = []
+    if zpb is not None:
+        raw, idx = b_reg[0][0], b_lo[0][0]
+        vl = f"vsetivli zero, {spec.tile_n}, e8, m1, ta, ma" if spec.tile_n < 32 else "vsetvli t0, zero, e8, m1, ta, ma"
+        prologue += [AsmOp("vset", vl), AsmOp("vle8", f"vle8.v v{raw}, (%[zp])", "B zero points of the tile's columns"),
+                     AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma")]
+        for ni in range(na):
+            prologue += [AsmOp("addi", f"addi t1, %[zpi], {32 * ni}"), AsmOp("vle8", f"vle8.v v{idx}, (t1)", "byte -> column"),
+                         AsmOp("vrgather", f"vrgather.vv v{zpb + ni}, v{raw}, v{idx}", f"zero points, cols {4 * ni}..{4 * ni + 3}")]
 
     if gemv:
         for q, reg in enumerate(a_reg):
@@ -211,18 +254,32 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
                 ops.append(AsmOp("addi", f"addi t1, %[a], {s * 8}"))
                 ops += [AsmOp("add", "add t1, t1, %[lda4]")] * mi
                 ops.append(AsmOp("vlse64", f"vlse64.v v{a_reg[s][mi]}, (t1), %[lda]", f"A rows {4 * mi}..{4 * mi + 3}, k-step {s}"))
-        ops.append(AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma", "back to vmadot's e8, m1, vl=32"))
+        lmul_now = None
+    elif grouped(a_reg[0][0], a_group):
+        at_lmul(a_group)
+        ops += [AsmOp("vle8", f"vle8.v v{a_reg[0][0]}, (%[a])", f"A: {ku} k-steps x {ma} tiles, v{a_reg[0][0]}-v{a_reg[0][0] + a_group - 1}")]
     else:
         for s in range(ku):
             for mi in range(ma):
                 load(a_reg[s][mi], "%[a]", (s * ma + mi) * 32, f"A rows {4 * mi}..{4 * mi + 3}, k-step {s}")
     for g in range(b_groups):
-        for ni in range(na):
-            load(b_reg[g][ni], "%[b]", ni * 32, f"B cols {4 * ni}..{4 * ni + 3}, group {g}")
+        # one run of na registers when aligned (LMUL na), else register by register
+        parts = [(0, na)] if grouped(b_reg[g][0], na) and (b_lo is None or grouped(b_lo[g][0], na)) else [(ni, 1) for ni in range(na)]
+        for ni, n in parts:
+            at_lmul(n)
+            raw = b_reg[g][ni]
+            load(raw, "%[b]", ni * 32, f"B cols {4 * ni}..{4 * (ni + n) - 1}, group {g}")
             if spec.bits == 4:
-                ops.append(AsmOp("vand", f"vand.vi v{b_lo[g][ni]}, v{b_reg[g][ni]}, 15", "low nibbles"))
-                ops.append(AsmOp("vsrl", f"vsrl.vi v{b_reg[g][ni]}, v{b_reg[g][ni]}, 4", "high nibbles"))
+                lo = b_lo[g][ni]
+                ops.append(AsmOp("vand", f"vand.vi v{lo}, v{raw}, 15", "low nibbles"))
+                ops.append(AsmOp("vsrl", f"vsrl.vi v{raw}, v{raw}, 4", "high nibbles"))
+                if zpb is not None:
+                    ops += [AsmOp("vsub", f"vsub.vv v{r}, v{r}, v{zpb + ni}", "- zero point") for r in (lo, raw)]
+                elif zp_in_b:
+                    ops += [AsmOp("vadd", f"vadd.vi v{r}, v{r}, -{1 << (spec.bits - 1)}", "- zero point") for r in (lo, raw)]
         ops.append(AsmOp("add", "add %[b], %[b], %[bstride]"))
+    at_lmul(1)  # vmadot runs at e8, m1, vl = 32
+    sign = IME_SIGNEDNESS[bool(zp_in_b) or spec.zero_point == "blksum"]
     for s in range(ku):
         g, half = (s // 2, s % 2) if spec.bits == 4 else (s, 0)
         for mi in range(ma):
@@ -230,19 +287,30 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
             for ni in range(na):
                 vs2 = b_reg[g][ni] if (spec.bits == 8 or half) else b_lo[g][ni]
                 vd = acc[mi][ni]
-                sign = IME_SIGNEDNESS[spec.zero_point == "blksum"]
                 word = encode_vmadot(vd, vs1, vs2, signedness=sign, slide=slide)
                 ops.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic(sign, slide)} v{vd}, v{vs1}, v{vs2}"))
     a_step = ku * 8 if (gemv or spec.abi == "mlas") else ku * ma * 32
     ops.append(AsmOp("addi", f"addi %[a], %[a], {a_step}"))
     fold = _ime_fold(spec, acc)
     return ImePlan(
-        ma=ma, na=na, acc_regs=acc, body=tuple(ops), fold=fold,
+        ma=ma, na=na, acc_regs=acc, prologue=tuple(prologue), body=tuple(ops), fold=fold,
         iterations_per_block=spec.block // (8 * ku), a_bytes_per_iteration=a_step,
         b_stride=spec.panel * 8,  # a panel's B tiles for one 16-k (4-bit) or 8-k (8-bit) group
         clobbers=tuple(f"v{r}" for r in range(n_regs)),
+        facc_floats=2 * spec.tile_n if gemv else ma * na * 16,
+        facc_at="j" if gemv else f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4",
         vmadots_per_tile_block=(spec.block // 8) * ma * na,
     )
+
+
+def _scale_load(spec: KernelSpec, dst: int, tmp: int, ni: int, vset, lanes: str = "e32, m1") -> list[AsmOp]:
+    """The 4 B scales of columns 4ni..4ni+3 into dst as fp32: fp16 ones widened by vfwcvt.f.f.v."""
+    if spec.scale_type == "fp16":
+        return [AsmOp("addi", f"addi t1, %[sb], {ni * 8}"), vset(4, "e16", "mf2"),
+                AsmOp("vle16", f"vle16.v v{tmp}, (t1)", f"B fp16 scales, cols {4 * ni}..{4 * ni + 3}"),
+                AsmOp("vfwcvt", f"vfwcvt.f.f.v v{dst}, v{tmp}", "widened to fp32"), vset(4, *lanes.split(", "))]
+    return [vset(4, *lanes.split(", ")), AsmOp("addi", f"addi t1, %[sb], {ni * 16}"),
+            AsmOp("vle32", f"vle32.v v{dst}, (t1)", f"B scales, cols {4 * ni}..{4 * ni + 3}")]
 
 
 def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp, ...]:
@@ -252,10 +320,15 @@ def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp
 
     Row and column values are loaded 4 at a time and spread over the 16 lanes with vrgather
     (index tables: lane -> q and lane -> r). All fold registers are even pairs (LMUL 2) outside
-    the accumulators; the A/B registers of the loop are dead by now and are reused."""
+    the accumulators; the A/B registers of the loop are dead by now and are reused. A gemv tile
+    has one live row (lanes 0..3 of each pair): see _gemv_fold."""
     taken = {r for row in acc for r in row}
-    pairs = iter(r for r in range(0, 32, 2) if r not in taken)
-    IDXC, IDXR, SA, AS, X4, SB, Y, ZP = (next(pairs) for _ in range(8))
+    free = [r for r in range(0, 32, 2) if r not in taken]
+    if spec.tile_m == 1:
+        return _gemv_fold(spec, acc[0])
+    if zero_points_in_b(spec):
+        return _signed_fold(spec, acc, free)
+    IDXC, IDXR, SA, AS, X4, SB, Y, ZP = free[:8]
     asym, blksum = spec.zero_point == "asymmetric", spec.zero_point == "blksum"
     vs = lambda n, sew="e32", lmul="m2": AsmOp("vset", f"vsetivli zero, {n}, {sew}, {lmul}, ta, ma")  # noqa: E731
     ops = [vs(16), AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q"),
@@ -266,15 +339,7 @@ def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp
                 AsmOp("add", "add %[sa], %[sa], %[sa4]"), AsmOp("add", "add %[as], %[as], %[as4]"), vs(16),
                 AsmOp("vrgather", f"vrgather.vv v{SA}, v{X4}, v{IDXR}"), AsmOp("vrgather", f"vrgather.vv v{AS}, v{Y}, v{IDXR}")]
         for ni, vd in enumerate(row):
-            if spec.scale_type == "fp16":  # finite half -> fp32: (bits & 0x7fff) << 13 is value * 2^-112
-                ops += [AsmOp("addi", f"addi t1, %[sb], {ni * 8}"), vs(4, "e16", "m1"),
-                        AsmOp("vle16", f"vle16.v v{SB}, (t1)", f"B fp16 scales, cols {4 * ni}..{4 * ni + 3}"), vs(4),
-                        AsmOp("vzext", f"vzext.vf2 v{X4}, v{SB}"), AsmOp("vand", f"vand.vx v{SB}, v{X4}, %[h7fff]"),
-                        AsmOp("vsll", f"vsll.vi v{SB}, v{SB}, 13"), AsmOp("vfmul", f"vfmul.vf v{SB}, v{SB}, %[p112]"),
-                        AsmOp("vsrl", f"vsrl.vi v{X4}, v{X4}, 15"), AsmOp("vsll", f"vsll.vi v{X4}, v{X4}, 31"),
-                        AsmOp("vor", f"vor.vv v{X4}, v{X4}, v{SB}", "fp32 scales")]
-            else:
-                ops += [vs(4), AsmOp("addi", f"addi t1, %[sb], {ni * 16}"), AsmOp("vle32", f"vle32.v v{X4}, (t1)", f"B scales, cols {4 * ni}..{4 * ni + 3}")]
+            ops += _scale_load(spec, X4, SB, ni, vs, "e32, m2")
             if asym:
                 ops += [AsmOp("addi", f"addi t1, %[zp], {ni * 4}"), vs(4, "e8", "mf2"),
                         AsmOp("vle8", f"vle8.v v{ZP}, (t1)", "B zero points"), vs(4),
@@ -299,6 +364,88 @@ def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp
             ops += [AsmOp("vfcvt", f"vfcvt.f.x.v v{vd}, v{vd}"), AsmOp("vfmul", f"vfmul.vv v{Y}, v{SA}, v{SB}", "scale_a * scale_b"),
                     AsmOp("addi", f"addi t1, %[facc], {off}"), AsmOp("vle32", f"vle32.v v{ZP}, (t1)"),
                     AsmOp("vfmacc", f"vfmacc.vv v{ZP}, v{vd}, v{Y}"), AsmOp("vse32", f"vse32.v v{ZP}, (t1)")]
+    return tuple(ops)
+
+
+def _signed_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], free: list[int]) -> tuple[AsmOp, ...]:
+    """The fold of kernels whose loop ran on B - zp (ir.zero_points_in_b): facc += float(dot) *
+    (scale_a[r] * scale_b[q]). When registers allow, every row tile's spread A scales are built
+    first and each column tile's B scales once (columns outer), else per row tile."""
+    IDXC, IDXR, X4, SB, Y, FT, *rest = free
+    hoist = len(rest) >= len(acc)
+    SAS = rest[:len(acc)] if hoist else rest[:1] * len(acc)
+    vs = lambda n, sew="e32", lmul="m2": AsmOp("vset", f"vsetivli zero, {n}, {sew}, {lmul}, ta, ma")  # noqa: E731
+    ops = [vs(16), AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q"),
+           AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{IDXR}, (t1)", "lane -> row r")]
+
+    def row_scales(mi: int) -> list[AsmOp]:
+        return [vs(4), AsmOp("vlse32", f"vlse32.v v{X4}, (%[sa]), %[sas]", f"A scales, rows {4 * mi}..{4 * mi + 3}"),
+                AsmOp("add", "add %[sa], %[sa], %[sa4]"), vs(16), AsmOp("vrgather", f"vrgather.vv v{SAS[mi]}, v{X4}, v{IDXR}")]
+
+    def col_scales(ni: int) -> list[AsmOp]:
+        return _scale_load(spec, X4, SB, ni, vs, "e32, m2") + [vs(16), AsmOp("vrgather", f"vrgather.vv v{SB}, v{X4}, v{IDXC}")]
+
+    def fold_pair(mi: int, ni: int) -> list[AsmOp]:
+        vd = acc[mi][ni]
+        return [AsmOp("vfcvt", f"vfcvt.f.x.v v{vd}, v{vd}"), AsmOp("vfmul", f"vfmul.vv v{Y}, v{SAS[mi]}, v{SB}", "scale_a * scale_b"),
+                AsmOp("addi", f"addi t1, %[facc], {(mi * len(acc[0]) + ni) * 64}"), AsmOp("vle32", f"vle32.v v{FT}, (t1)"),
+                AsmOp("vfmacc", f"vfmacc.vv v{FT}, v{vd}, v{Y}"), AsmOp("vse32", f"vse32.v v{FT}, (t1)")]
+
+    if hoist:
+        for mi in range(len(acc)):
+            ops += row_scales(mi)
+        for ni in range(len(acc[0])):
+            ops += col_scales(ni)
+            for mi in range(len(acc)):
+                ops += fold_pair(mi, ni)
+    else:
+        for mi in range(len(acc)):
+            ops += row_scales(mi)
+            for ni in range(len(acc[0])):
+                ops += col_scales(ni) + fold_pair(mi, ni)
+    return tuple(ops)
+
+
+def _gemv_fold(spec: KernelSpec, row: tuple[int, ...]) -> tuple[AsmOp, ...]:
+    """One live row: only lanes 0..3 (row 0, columns 4ni..4ni+3) of each accumulator pair matter.
+    They are stored side by side (the dot scratch behind facc) and folded as one e32 vector of TN
+    lanes (three LMUL-g groups above the accumulators), with the row's scale and sum as scalars:
+    facc[0..TN) += float(dot - zp * sum_a) * (scale_b * scale_a), or with MLAS block sums
+    facc += float(dot) * (scale_b * scale_a) + blksum_a * blksum_b."""
+    tn = spec.tile_n
+    asym, blksum = spec.zero_point == "asymmetric", spec.zero_point == "blksum"
+    g = gemv_fold_lmul(tn)
+    D = -(-2 * len(row) // g) * g
+    S, F = D + g, D + 2 * g  # S: zero points, then scales, then block sums; F: staging, then facc
+
+    def vs(sew: int) -> AsmOp:  # vl = TN; vsetivli takes at most 31, and 32 is VLMAX at these LMULs
+        lmul = _lmul_name(g * sew, 32)
+        return AsmOp("vset", f"vsetivli zero, {tn}, e{sew}, {lmul}, ta, ma" if tn < 32 else f"vsetvli t0, zero, e{sew}, {lmul}, ta, ma")
+    ops = [AsmOp("flw", "flw ft0, 0(%[sa])", "A scale"),
+           AsmOp("flw", "flw ft1, 0(%[as])", "A block sum") if blksum else AsmOp("lw", "lw t2, 0(%[as])", "A block sum"),
+           AsmOp("vset", "vsetivli zero, 4, e32, m1, ta, ma")]
+    if not (asym or blksum):
+        ops.append(AsmOp("mul", "mul t2, t2, %[zpc]", "zp * sum_a"))
+    for ni, vd in enumerate(row):
+        ops += [AsmOp("addi", f"addi t1, %[facc], {4 * tn + 16 * ni}"), AsmOp("vse32", f"vse32.v v{vd}, (t1)", f"dots of cols {4 * ni}..{4 * ni + 3}")]
+    ops += [vs(32), AsmOp("addi", f"addi t1, %[facc], {4 * tn}"), AsmOp("vle32", f"vle32.v v{D}, (t1)", "the row's dots")]
+    if asym:
+        ops += [vs(8), AsmOp("vle8", f"vle8.v v{F}, (%[zp])", "B zero points"), vs(32),
+                AsmOp("vzext", f"vzext.vf4 v{S}, v{F}"), AsmOp("vnmsac", f"vnmsac.vx v{D}, t2, v{S}", "dot -= zp * sum_a")]
+    elif not blksum:
+        ops.append(AsmOp("vsub", f"vsub.vx v{D}, v{D}, t2", "dot -= zp * sum_a"))
+    ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{D}, v{D}"))
+    if spec.scale_type == "fp16":
+        ops += [vs(16), AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"),
+                AsmOp("vfwcvt", f"vfwcvt.f.f.v v{S}, v{F}", "widened to fp32"), vs(32)]
+    else:
+        ops.append(AsmOp("vle32", f"vle32.v v{S}, (%[sb])", "B scales"))
+    ops += [AsmOp("vfmul", f"vfmul.vf v{S}, v{S}, ft0", "scale_b * scale_a"),
+            AsmOp("vle32", f"vle32.v v{F}, (%[facc])"), AsmOp("vfmacc", f"vfmacc.vv v{F}, v{D}, v{S}")]
+    if blksum:
+        ops += [AsmOp("vle32", f"vle32.v v{S}, (%[bs])", "B block sums"),
+                AsmOp("vfmacc", f"vfmacc.vf v{F}, ft1, v{S}", "+ blksum_a * blksum_b")]
+    ops.append(AsmOp("vse32", f"vse32.v v{F}, (%[facc])"))
     return tuple(ops)
 
 

@@ -19,7 +19,7 @@ from hypothesis import assume, event, example, given, settings, strategies as st
 from imegen import toolchain
 from imegen.errors import SpecError
 from imegen.ime_encoding import decode_vmadot
-from imegen.ir import VECTOR_REGISTERS, KernelSpec, load_specs, register_budget, specs_from_text
+from imegen.ir import VECTOR_REGISTERS, KernelSpec, load_specs, register_budget, specs_from_text, zero_points_in_b
 from imegen.plan import IME_SIGNEDNESS, KernelPlan, plan_kernel
 from imegen.render import render_driver, render_kernel
 
@@ -78,6 +78,8 @@ def configs(draw) -> dict:
 
 VLE8 = re.compile(r"vle8\.v v(\d+), \((?:%\[a\]|%\[b\]|t1)\)")
 VALU = re.compile(r"v(?:and|srl)\.vi v(\d+), v(\d+), (\d+)")
+VZP = re.compile(r"v(?:sub\.vv v(\d+), v(\d+), v(\d+)|add\.vi v(\d+), v(\d+), -8)")  # B - zero point
+VSET8 = re.compile(r"vsetvli t0, zero, e8, m([1248]), ta, ma")
 WORD = re.compile(r"\.word 0x([0-9a-f]{8})")
 
 
@@ -98,24 +100,36 @@ def check_ime_body(plan: KernelPlan) -> None:
     operands: set[int] = set()
     per_acc: Counter = Counter()
     slides = []
+    zpb = {int(m[1]) for op in I.prologue if (m := re.fullmatch(r"vrgather\.vv v(\d+), v\d+, v\d+", op.text))}
+    group = 1  # LMUL of e8 ops: the template enters the loop at m1, every iteration must end there
     for op in I.body:
-        if op.kind == "vle8":
+        regs = lambda first: set(range(first, first + group))  # noqa: E731
+        if op.kind == "vset":
+            m = VSET8.fullmatch(op.text)
+            group = int(m[1]) if m else 0
+        elif op.kind == "vle8":
             m = VLE8.fullmatch(op.text)
             assert m, op.text
-            written.add(int(m[1]))
-            loads[int(m[1])] += 1
+            written |= regs(int(m[1]))
+            loads.update(regs(int(m[1])))
         elif op.kind in ("vand", "vsrl"):
             m = VALU.fullmatch(op.text)
             assert m, op.text
             dst, src, imm = map(int, m.groups())
-            assert src in written, f"{op.text}: v{src} not loaded yet"
+            assert regs(src) <= written, f"{op.text}: v{src} not loaded yet"
             assert imm == (15 if op.kind == "vand" else 4)
-            written.add(dst)
+            written |= regs(dst)
+        elif op.kind in ("vsub", "vadd"):
+            m = VZP.fullmatch(op.text)
+            assert m and s.bits == 4 and s.tile_m > 1, op.text
+            dst, src, zp = (int(m[1]), int(m[2]), int(m[3])) if m[1] else (int(m[4]), int(m[5]), None)
+            assert dst == src and regs(src) <= written and (zp is None or regs(zp) <= zpb), op.text
         elif op.kind == "vmadot":
+            assert group == 1, "vmadot needs e8, m1"
             m = WORD.fullmatch(op.text)
             assert m, op.text
             d = decode_vmadot(int(m[1], 16))  # raises on anything that is not a legal vmadot
-            assert d["signedness"] == IME_SIGNEDNESS[plan.blksum]
+            assert d["signedness"] == IME_SIGNEDNESS[plan.blksum or zero_points_in_b(s) is not None]
             assert op.comment == f"{d['mnemonic']} v{d['vd']}, v{d['vs1']}, v{d['vs2']}"
             assert d["vd"] in pairs, f"{op.comment}: v{d['vd']} is not an accumulator"
             assert d["vs1"] in written and d["vs2"] in written, f"{op.comment}: operand not loaded"
@@ -125,6 +139,8 @@ def check_ime_body(plan: KernelPlan) -> None:
             slides.append(d["slide"])
         else:
             assert op.kind in ("addi", "add"), op.kind
+    assert group == 1, "the iteration must end at e8, m1"
+    assert not zpb & (acc | written), "spread zero points overwritten"
     assert not acc & (operands | written), "a register is both accumulator and operand"
     assert all(n == 1 for n in loads.values()), "a register is loaded twice in one iteration"
     assert len(slides) == I.ma * I.na * s.k_unroll
@@ -135,7 +151,7 @@ def check_ime_body(plan: KernelPlan) -> None:
         assert set(slides) == {0}
     used = acc | written | operands
     assert used <= {int(c[1:]) for c in I.clobbers}
-    assert len(I.clobbers) == sum(plan.budget.values())
+    assert sum(plan.budget.values()) <= len(I.clobbers) <= 32  # more when runs of registers are aligned
     assert I.iterations_per_block * 8 * s.k_unroll == s.block
 
 
