@@ -30,7 +30,9 @@ def add_perf_commands(sub) -> None:
                    "MlasQNBitGemmBatch, next to the same kernels with imegen's own ABI (instruction counts)")
     for p in (b, t):
         p.add_argument("--quick", action="store_true", help="the CI subset: q/o shape, M=1 and 128, block 32, small search")
-        p.add_argument("-o", "--output", default="bench/results", help="directory for the outputs (default: bench/results)")
+        p.add_argument("-o", "--output", default=None,
+                       help="directory for the outputs (default: bench/results; --quick: bench/results-quick, so a quick "
+                            "run never overwrites the committed full run)")
         p.add_argument("--blocks", type=_blocks, default=BLOCKS, help="comma-separated block sizes (default: 32,64,128)")
         p.add_argument("-j", "--jobs", type=int, default=None, help="parallel builds/QEMU runs (default: CPU count)")
 
@@ -59,7 +61,7 @@ def run_perf_command(args) -> int:
         print(f"error: missing tools: {', '.join(missing)} (see README: install the toolchain first)", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    out = Path(args.output)
+    out = Path(args.output or ("bench/results-quick" if args.quick else "bench/results"))
     try:
         if args.command == "bench" and args.mlas:
             print(_mlas_counts(args.mlas))
