@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import tune, x60
+from . import llama_real, tune, x60
 from .measure import METHOD
 from .tune import Case, Evaluation, settings_of, validate
 from .workload import (BLOCKS, DECODE_M, LLAMA_CPP_SOURCE, PREFILL_M, PUBLISHED, PUBLISHED_PP512_TPS, QWEN25_05B, shapes,
@@ -49,6 +49,7 @@ class BenchResult:
     rows: list[Row]
     tuned: tune.TuneResult
     quick: bool
+    llama: tuple = ()  # llama_real.LlamaRow: llama.cpp's real kernels, block 32
 
     def get(self, case: Case, kind: str) -> Evaluation:
         return next(r.ev for r in self.rows if r.case == case and r.kind == kind)
@@ -77,7 +78,7 @@ def run(*, quick: bool = False, blocks=BLOCKS, jobs: int | None = None, log=None
             rows += [Row(c, kind, evals[(spec.name, c)]) for c in cs]
     order = {k: i for i, k in enumerate(KINDS)}
     rows.sort(key=lambda r: (targets.index(r.case), order[r.kind]))
-    return BenchResult(rows, tuned, quick)
+    return BenchResult(rows, tuned, quick, tuple(llama_real.rows(targets, tuned, log=log)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,6 +259,16 @@ def report(res: BenchResult, refused_note: bool = True) -> str:
     parts += ["", "vtype: every vector instruction ran under a vtype the plugin decoded (no register-operand vsetvl)."
               if not unknown else f"WARNING: {len(unknown)} rows executed vsetvl with a register vtype; the plugin assumed "
               "LMUL = 1 after it, so their vector occupancy is approximate."]
+    if res.llama:
+        parts += ["", "llama.cpp real (SpacemiT IME1 kernels from the llama-cpp-python " + llama_real.VERSION + " sdist, "
+                  "driven like ime.cpp, see imegen/perf/llama_real.py): instructions MEASURED (millions, one call; "
+                  "'4t' = the busiest of 4 threads), times MODELED ('+lat' = the latency sensitivity: +"
+                  f"{llama_real.LOAD_USE_EXTRA} cycles per vector load, vmadot latency {llama_real.VMADOT_LATENCY} "
+                  "per dependent step, both ASSUMPTIONS). " + llama_real.DESCRIBES + "; against it the symmetric "
+                  "fp16-scale twin of imegen's tuned config (same bits, block, scale precision):",
+                  llama_real.table(list(res.llama)), "Calibration of the X60 model on llama.cpp's real kernels "
+                  "(Qwen2.5-0.5B MatMulNBits only, 4 threads; the published figures are whole-model):",
+                  llama_real.calibration(list(res.llama))]
     parts += ["", summary_text(res)]
     if refused_note:
         parts += ["", f"Tuner: {res.tuned.evaluated} configs measured, {len(res.tuned.refused)} refused by the "
