@@ -11,7 +11,6 @@ hardware). `serving_kernels` is the rule the library applies at session creation
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from .. import toolchain
 from ..ir import KernelSpec
 from ..plan import KernelPlan, plan_kernel
 from ..render import _env, march_for, render_kernel
-from ..verify import CACHE, cached_dir
+from .. import cache
 from . import sysroot
 
 DOMAIN = "ai.imegen"
@@ -92,10 +91,10 @@ def build_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour
     files = render_library(plans, Path(spec_file).name)
     include = sysroot.include_dir(sysroot.ensure(HEADER_VERSION))
     emulate = flavour == "qemu" and any(p.spec.target == "ime" for p in plans)
-    inputs = [sorted(files.items()), flavour, [p.read_text() for p in LIB_SOURCES], Path(__file__).read_text(),
-              (include / "onnxruntime_c_api.h").read_text(), (toolchain.RUNTIME_DIR / "ime_emu.c").read_text(),
-              toolchain.COMMON_FLAGS]  # this file: the build recipe
-    key = hashlib.sha256(repr(inputs).encode()).hexdigest()[:16]
+    inputs = cache.Inputs(files=(*LIB_SOURCES, Path(__file__), include / "onnxruntime_c_api.h",  # this file: the recipe
+                                 *toolchain.runtime_files()),
+                          strings=(repr(sorted(files.items())), flavour, repr(toolchain.COMMON_FLAGS)),
+                          tools=(toolchain.CLANG,))
     name = f"libimegen_ort{'_qemu' if flavour == 'qemu' else ''}.so"
 
     def fill(d: Path) -> None:
@@ -118,7 +117,7 @@ def build_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour
         toolchain.compile_c(objs, d / name, march="rv64gcv",
                             extra_flags=["-shared", "-Wl,-z,defs", f"-Wl,--version-script={d / 'exports.map'}"])
 
-    return cached_dir(CACHE / f"ort-customop-{flavour}-{key}", fill) / name
+    return cache.entry(f"ort-customop-{flavour}", inputs.key(), fill) / name
 
 
 def parse_stats(text: str) -> dict[str, int]:

@@ -8,7 +8,6 @@ requests over a small binary protocol on its stdin/stdout (documented in the C f
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import toolchain
+from .. import cache, toolchain
 from . import sysroot
 
 RUNNER_SOURCE = Path(__file__).parent / "ort_runner.c"
@@ -39,15 +38,14 @@ def runner(version: str = "1.23") -> Path:
     """The runner executable for onnxruntime `version`, built once per (source, header, compiler)."""
     root = sysroot.ensure(version)
     header = sysroot.include_dir(root) / "onnxruntime_c_api.h"
-    recipe = (RUNNER_SOURCE.read_bytes(), header.read_bytes(), toolchain.CLANG, toolchain.COMMON_FLAGS)
-    key = hashlib.sha256(repr(recipe).encode()).hexdigest()[:16]
-    exe = sysroot.cache_root() / "ort-runner" / f"ort_runner-{key}"
-    if not exe.exists():
-        tmp = exe.with_name(f"{exe.name}.{os.getpid()}.tmp")  # concurrent builders publish with one rename
-        toolchain.compile_c([RUNNER_SOURCE], tmp, march="rv64gc", include_dirs=[sysroot.include_dir(root)],
+    inputs = cache.Inputs(files=(RUNNER_SOURCE, header), strings=(repr(toolchain.COMMON_FLAGS),),
+                          tools=(toolchain.CLANG,))
+
+    def fill(d: Path) -> None:
+        toolchain.compile_c([RUNNER_SOURCE], d / "ort_runner", march="rv64gc", include_dirs=[sysroot.include_dir(root)],
                             extra_flags=["-std=gnu11", "-ldl"])
-        tmp.rename(exe)
-    return exe
+
+    return cache.entry("ort-runner", inputs.key(), fill) / "ort_runner"
 
 
 class RiscvSession:

@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import cache
+
 MIRROR = "http://deb.debian.org/debian"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 MULTIARCH = "usr/lib/riscv64-linux-gnu"
@@ -44,7 +46,7 @@ class SysrootError(RuntimeError):
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "imegen"
+    return cache.root()
 
 
 def _apt_dir(suite: str) -> Path:

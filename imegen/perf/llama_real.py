@@ -23,7 +23,6 @@ with the full K. tests/test_llama_real.py checks this against direct runs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -34,12 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import toolchain
+from .. import cache, toolchain
 from ..ime_encoding import encode_vmadot
 from ..toolchain import ToolchainError
 from .measure import BEAT_BYTES, VLEN, code_ranges_from_map, exec_segments, symbols
 from .plugin import SOURCE as PLUGIN_SOURCE
-from .plugin import cache_dir, run_counted
+from .plugin import run_counted
 
 VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{VERSION}.tar.gz"
@@ -59,7 +58,7 @@ class LlamaUnavailable(RuntimeError):
 
 def sdist(log=None) -> Path:
     """The cached sdist, downloaded with pip on first use and checked against SDIST_SHA256."""
-    d = cache_dir() / "sdist"
+    d = cache.root() / "sdist"
     path = d / SDIST
     if not path.exists():
         d.mkdir(parents=True, exist_ok=True)
@@ -70,7 +69,7 @@ def sdist(log=None) -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not path.exists():
             raise LlamaUnavailable(f"pip download of llama-cpp-python {VERSION} failed:\n{proc.stderr.strip()}")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = cache.file_digest(path).hex()
     if digest != SDIST_SHA256:
         raise LlamaUnavailable(f"{path}: sha256 {digest}, expected {SDIST_SHA256} (delete it to re-download)")
     return path
@@ -78,7 +77,7 @@ def sdist(log=None) -> Path:
 
 def sources(log=None) -> Path:
     """The ggml headers and spacemit sources extracted from the sdist (cached by version + hash)."""
-    root = cache_dir() / f"llama-cpp-python-{VERSION}-{SDIST_SHA256[:16]}"
+    root = cache.root() / f"llama-cpp-python-{VERSION}-{SDIST_SHA256[:16]}"
     if not (root / "done").exists():
         tar_path = sdist(log)
         root.mkdir(parents=True, exist_ok=True)
@@ -116,34 +115,34 @@ def build(log=None) -> LlamaExe:
     kernels, n_vmadot, _ = translate((spacemit / "ime1_kernels.cpp").read_text())
     if n_vmadot != 16:
         raise ToolchainError(f"expected 16 vmadot in ime1_kernels.cpp, found {n_vmadot}", [])
-    emu = (toolchain.RUNTIME_DIR / "ime_emu.c").read_text()
-    key = hashlib.sha256(repr((SDIST_SHA256, kernels, [p.read_text() for p in OWN], MARCH, emu,
-                               toolchain.BENCH_MARKERS.read_text(), PLUGIN_SOURCE.read_text())).encode()).hexdigest()[:16]
-    from ..verify import CACHE
-    d = CACHE / f"llama-real-{key}"
-    exe, map_file = d / "llama_bench", d / "llama_bench.map"
-    objs = {n: d / f"{n}.o" for n in ("ime1_kernels", "loop", "repack", "driver", "ime_emu")}
-    if not exe.exists():
+    inputs = cache.Inputs(files=(*OWN, *toolchain.runtime_files(), PLUGIN_SOURCE),
+                          strings=(SDIST_SHA256, kernels, MARCH), tools=(toolchain.CLANG,))
+    names = ("ime1_kernels", "loop", "repack", "driver", "ime_emu")
+
+    def fill(d: Path) -> None:
         if log:
             log("llama.cpp: building ime1_kernels.cpp, repack.cpp and the driver (clang-19)")
-        d.mkdir(parents=True, exist_ok=True)
         (d / "ime1_kernels.cpp").write_text(kernels)
+        o = {n: d / f"{n}.o" for n in names}
         cxx = [toolchain.CLANG.replace("clang", "clang++"), "--target=riscv64-linux-gnu", "--gcc-toolchain=/usr",
                f"-march={MARCH}", "-O2", "-std=c++20", "-DRISCV64_SPACEMIT_IME1",
                *[f"-isystem{p}" for p in (spacemit, ggml / "include", ggml / "src", ggml / "src/ggml-cpu")],
                f"-I{toolchain.RUNTIME_DIR}", f"-I{HERE}"]
         own = ["-Wall", "-Wextra", "-Werror"]
-        steps = [(d / "ime1_kernels.cpp", objs["ime1_kernels"], []), (spacemit / "repack.cpp", objs["repack"], []),
-                 (HERE / "llama_loop.cpp", objs["loop"], own), (HERE / "llama_driver.cpp", objs["driver"], own)]
+        steps = [(d / "ime1_kernels.cpp", o["ime1_kernels"], []), (spacemit / "repack.cpp", o["repack"], []),
+                 (HERE / "llama_loop.cpp", o["loop"], own), (HERE / "llama_driver.cpp", o["driver"], own)]
         for src, obj, flags in steps:
             _run([*cxx, *flags, "-c", str(src), "-o", str(obj)], f"compiling {src.name}")
-        toolchain.compile_ime_emu(objs["ime_emu"])
-        tmp = d / "llama_bench.tmp"
-        _run([*cxx, "-static", f"-Wl,-Map={map_file}", *map(str, objs.values()), "-o", str(tmp)], "linking")
-        tmp.rename(exe)
-    tags = {str(objs["ime1_kernels"]): "kernel", str(objs["loop"]): "kernel", str(objs["driver"]): "excluded",
-            str(objs["repack"]): "excluded", str(objs["ime_emu"]): "excluded"}
-    ranges = code_ranges_from_map(map_file.read_text(), tags)
+        toolchain.compile_ime_emu(o["ime_emu"])
+        _run([*cxx, "-static", f"-Wl,-Map={d / 'llama_bench.map'}", *map(str, o.values()), "-o",
+              str(d / "llama_bench")], "linking")
+        # The map names the objects by this temporary directory: resolve the code ranges before publishing.
+        tags = {str(o["ime1_kernels"]): "kernel", str(o["loop"]): "kernel", str(o["driver"]): "excluded",
+                str(o["repack"]): "excluded", str(o["ime_emu"]): "excluded"}
+        (d / "ranges.json").write_text(json.dumps(code_ranges_from_map((d / "llama_bench.map").read_text(), tags)))
+
+    exe = cache.entry("llama-real", inputs.key(), fill) / "llama_bench"
+    ranges = [tuple(r) for r in json.loads((exe.parent / "ranges.json").read_text())]
     ranges += [(lo, hi, "image") for lo, hi in exec_segments(exe)]
     syms = symbols(exe)
     return LlamaExe(exe, tuple(ranges), syms["imegen_bench_begin"][0], syms["imegen_bench_end"][0])
@@ -302,7 +301,7 @@ class Counter:
 # ---------------------------------------------------------------------------------------------
 # Bench rows: modeled time, the like-for-like imegen config, calibration
 
-PUBLISHED_TG128_TPS = 10.03  # llama.cpp Q4_0 on K1, 4 threads (docs/build-riscv64-spacemit.md), as pp512 in workload
+PUBLISHED_TG128_TPS = 10.03  # llama.cpp Q4_0 on K1, 4 threads (ggml-org/llama.cpp/docs/build-riscv64-spacemit.md), as pp512 in workload
 LOAD_USE_EXTRA = 2  # ASSUMPTION (no public X60 figure found): a vector load's result arrives 3 cycles later
 VMADOT_LATENCY = 4  # ASSUMPTION (SpacemiT publishes throughput, not latency): cycles before a dependent vmadot
 
