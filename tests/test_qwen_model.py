@@ -1,0 +1,205 @@
+"""The Qwen2.5-0.5B-architecture model (imegen/ort/qwen.py), validated on the x86 host's onnxruntime:
+against an independent float64 NumPy forward pass on the model's own dequantized weights
+(reference.dequantize, bit-exact with ORT), prefill vs KV-cache decode, and greedy decoding."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx_ir")  # onnxruntime's MatMulNBitsQuantizer imports it
+
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+from onnx import numpy_helper  # noqa: E402
+
+from imegen import reference as R  # noqa: E402
+from imegen.ort import qwen  # noqa: E402
+
+REAL = dict(layers=2, vocab=512)  # Qwen2.5-0.5B's widths, shrunk depth and vocabulary
+TINY = dict(layers=3, vocab=96, hidden=128, heads=4, kv_heads=2, head_dim=32, intermediate=192)
+PROMPT = [17, 3, 250, 9, 77, 1]
+
+_built: dict = {}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """model(**build_model kwargs) -> (path, config), built once per module."""
+    def get(**kw):
+        key = tuple(sorted(kw.items()))
+        if key not in _built:
+            path = tmp_path_factory.mktemp("qwen") / "model.onnx"
+            _built[key] = (path, qwen.build_model(path, **kw))
+        return _built[key]
+    yield get
+    _built.clear()
+
+
+def session(path):
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+# ---- independent NumPy forward pass (float64), reading the weights from the ONNX file by name ----
+
+def model_weights(path) -> dict[str, np.ndarray]:
+    """Initializers by name, and each MatMulNBits node's dequantized [K, N] weight under its output name."""
+    m = onnx.load(str(path))
+    init = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    w = dict(init)
+    for node in m.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        a = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
+        K, N = a["K"], a["N"]
+        zp = init[node.input[3]].reshape(N, -1) if len(node.input) > 3 and node.input[3] else None
+        qw = R.QuantizedWeights(init[node.input[1]].reshape(N, -1, a["block_size"] * a["bits"] // 8),
+                                init[node.input[2]].reshape(N, -1), zp, K, N, a["bits"], a["block_size"])
+        w[node.output[0]] = R.dequantize(qw)
+    return w
+
+
+def reference_logits(w, c: qwen.QwenConfig, ids, rope=True, kv_head=None) -> np.ndarray:
+    """float64 logits [S, vocab] of the whole sequence from position 0 (causal, no cache).
+
+    rope / kv_head (query head -> KV head) exist to show the comparison notices a wrong choice."""
+    f = np.float64
+    kv_head = kv_head or (lambda h: h // (c.heads // c.kv_heads))
+    S, hd = len(ids), c.head_dim
+
+    def rms(x, weight):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + c.rms_eps) * weight.astype(f)
+
+    def rotate(x):  # [n, S, hd], rotate-half form
+        if not rope:
+            return x
+        ang = np.arange(S, dtype=f)[:, None] * (1.0 / c.rope_theta ** (np.arange(0, hd, 2, dtype=f) / hd))
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return np.concatenate([x1 * np.cos(ang) - x2 * np.sin(ang), x2 * np.cos(ang) + x1 * np.sin(ang)], -1)
+
+    x = w["embed"].astype(f)[np.asarray(ids)]
+    causal = np.tril(np.ones((S, S), bool))
+    for i in range(c.layers):
+        p = f"layers.{i}"
+        h = rms(x, w[f"{p}.input_norm"])
+        proj = {n: (h @ w[f"{p}.{n}_proj"].astype(f) + w[f"{p}.{n}_bias"]).reshape(S, -1, hd).transpose(1, 0, 2)
+                for n in ("q", "k", "v")}
+        q, k, v = rotate(proj["q"]), rotate(proj["k"]), proj["v"]
+        ctx = np.empty((c.heads, S, hd))
+        for j in range(c.heads):
+            s = np.where(causal, q[j] @ k[kv_head(j)].T / np.sqrt(hd), -np.inf)
+            e = np.exp(s - s.max(-1, keepdims=True))
+            ctx[j] = (e / e.sum(-1, keepdims=True)) @ v[kv_head(j)]
+        x = x + ctx.transpose(1, 0, 2).reshape(S, -1) @ w[f"{p}.o_proj"].astype(f)
+        h = rms(x, w[f"{p}.post_norm"])
+        g, u = h @ w[f"{p}.gate_proj"].astype(f), h @ w[f"{p}.up_proj"].astype(f)
+        x = x + (g / (1 + np.exp(-g)) * u) @ w[f"{p}.down_proj"].astype(f)
+    return rms(x, w["final_norm"]) @ w["logits"].astype(f)
+
+
+def level4_tolerance(y):
+    return 0.1 + 0.02 * np.abs(y)  # ORT's MatMulNBits accuracy_level 4 operator-test tolerance
+
+
+# ---- tests ----
+
+def test_graph_structure(model):
+    path, c = model(**REAL)
+    onnx.checker.check_model(str(path))
+    m = onnx.load(str(path))
+    assert qwen.QwenConfig.from_model(path) == c
+    ops = {(n.domain or "ai.onnx", n.op_type) for n in m.graph.node}
+    assert {d for d, _ in ops} == {"ai.onnx", "com.microsoft"}
+    assert {o for d, o in ops if d == "com.microsoft"} == {"MatMulNBits"}
+    nb = {n.output[0]: {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+          for n in m.graph.node if n.op_type == "MatMulNBits"}
+    assert len(nb) == 7 * c.layers + 1
+    kn = {o: (a["K"], a["N"]) for o, a in nb.items()}
+    assert kn["layers.1.q_proj"] == (896, 896) and kn["layers.1.k_proj"] == (896, 128)
+    assert kn["layers.0.gate_proj"] == (896, 4864) and kn["layers.0.down_proj"] == (4864, 896)
+    assert kn["logits"] == (896, c.vocab)
+    assert all((a["bits"], a["block_size"], a["accuracy_level"]) == (4, 32, 4) for a in nb.values())
+    assert not any(n.op_type == "MatMul" and n.input[1] in {t.name for t in m.graph.initializer}
+                   for n in m.graph.node), "a constant-weight MatMul was left unquantized"
+    names = [i.name for i in m.graph.input]
+    assert names[:2] == ["input_ids", "position_ids"] and "past_key_values.1.value" in names
+    assert [o.name for o in m.graph.output][:2] == ["logits", "present.0.key"]
+
+
+@pytest.mark.parametrize("cfg,bits", [(TINY, 4), (REAL, 4), (REAL, 8)], ids=["tiny-4bit", "qwen2-4bit", "qwen2-8bit"])
+def test_matches_numpy_reference(model, cfg, bits):
+    """accuracy_level 0 (fp32 compute on dequantized weights): ORT's logits = the float64 forward pass."""
+    path, c = model(**cfg, bits=bits, accuracy_level=0)
+    ids = PROMPT if c.vocab > max(PROMPT) else [t % c.vocab for t in PROMPT]
+    got = qwen.host_runner(session(path))(qwen.step_feeds(c, ids, None, 0))["logits"][0]
+    w = model_weights(path)
+    ref = reference_logits(w, c, ids)
+    err = np.abs(got - ref).max()
+    assert err < 1e-4, err
+    assert ref.std() > 0.1  # logits are informative, not collapsed
+    # The comparison can fail: a model without rotary, or with the wrong query -> KV head map, is far off.
+    assert np.abs(reference_logits(w, c, ids, rope=False) - ref).max() > 100 * 1e-4
+    assert np.abs(reference_logits(w, c, ids, kv_head=lambda h: h % c.kv_heads) - ref).max() > 100 * 1e-4
+
+
+def test_level4_model_within_ort_tolerance_of_reference(model):
+    path, c = model(**REAL)
+    got = qwen.host_runner(session(path))(qwen.step_feeds(c, PROMPT, None, 0))["logits"][0]
+    ref = reference_logits(model_weights(path), c, PROMPT)
+    assert np.all(np.abs(got - ref) <= level4_tolerance(ref))
+
+
+@pytest.mark.parametrize("level", [0, 4])
+def test_kv_cache_decode_equals_prefill(model, level):
+    """Prefill logits (M = 6) = token-by-token decode (M = 1) = two chunks of 3 over the cache.
+
+    Exact up to fp32 rounding with fp32 compute (level 0). At level 4 ORT quantizes each A row per
+    block to int8, so an fp32-rounding difference between the M = 6 and M = 1 attention can flip one
+    code of a block (seen: layer 0's down_proj input, 1.6e-4 at the output), and flips cascade through
+    later layers' quantization to ~0.02 in the logits: within ORT's level-4 tolerance, not 1e-5."""
+    path, c = model(**REAL, accuracy_level=level)
+    run = qwen.host_runner(session(path))
+    full = run(qwen.step_feeds(c, PROMPT, None, 0))
+    steps, past = [], None
+    for t, tok in enumerate(PROMPT):
+        out = run(qwen.step_feeds(c, [tok], past, t))
+        steps.append(out["logits"][0, 0])
+        past = qwen.presents_as_past(c, out)
+    first = run(qwen.step_feeds(c, PROMPT[:3], None, 0))
+    second = run(qwen.step_feeds(c, PROMPT[3:], qwen.presents_as_past(c, first), 3))
+    want = full["logits"][0]
+    tol = 2e-5 if level == 0 else level4_tolerance(want)
+    assert np.all(np.abs(np.stack(steps) - want) <= tol)
+    assert np.all(np.abs(second["logits"][0] - want[3:]) <= tol[3:] if level else tol)
+    if level == 0:
+        for i in range(c.layers):
+            for kv in ("key", "value"):
+                np.testing.assert_allclose(past[f"past_key_values.{i}.{kv}"], full[f"present.{i}.{kv}"], atol=1e-5, rtol=0)
+    assert full["present.1.key"].shape == (1, c.kv_heads, len(PROMPT), c.head_dim)
+
+
+def test_greedy_decode_is_not_degenerate(model):
+    path, c = model(**REAL)
+    run = qwen.host_runner(session(path))
+    tokens, logits = qwen.greedy_decode(run, PROMPT, 10, c)
+    assert len(tokens) == 10 and logits.shape == (10, c.vocab)
+    assert tokens == [int(np.argmax(row)) for row in logits]
+    assert len(set(tokens)) >= 2, tokens
+    assert np.all(logits.std(axis=1) > 0.1)
+    # Decoding is a function of the prompt: another prompt decodes differently.
+    assert qwen.greedy_decode(run, [400, 2, 99], 10, c)[0] != tokens
+
+
+def test_cli_writes_model_and_refuses_bad_block(tmp_path):
+    out = tmp_path / "m.onnx"
+    r = subprocess.run([sys.executable, "-m", "imegen", "qwen-model", str(out), "--layers", "1", "--vocab", "64",
+                        "--bits", "8"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "1 layers, vocab 64, 8-bit block 32" in r.stdout and "layer 1/1" in r.stderr
+    assert qwen.QwenConfig.from_model(out).layers == 1
+    r = subprocess.run([sys.executable, "-m", "imegen", "qwen-model", str(out), "--block", "48"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "powers of two from 16 to 256" in r.stderr and "Traceback" not in r.stderr
