@@ -30,6 +30,7 @@ _built: dict = {}
 def model(tmp_path_factory):
     """model(**build_model kwargs) -> (path, config), built once per module."""
     def get(**kw):
+        kw = {"bits": 4, "symmetric": False, "accuracy_level": 4, **kw}  # build_model's defaults
         key = tuple(sorted(kw.items()))
         if key not in _built:
             path = tmp_path_factory.mktemp("qwen") / "model.onnx"
@@ -129,10 +130,11 @@ def test_graph_structure(model):
     assert [o.name for o in m.graph.output][:2] == ["logits", "present.0.key"]
 
 
-@pytest.mark.parametrize("cfg,bits", [(TINY, 4), (REAL, 4), (REAL, 8)], ids=["tiny-4bit", "qwen2-4bit", "qwen2-8bit"])
-def test_matches_numpy_reference(model, cfg, bits):
+@pytest.mark.parametrize("cfg,bits,symmetric", [(TINY, 4, False), (TINY, 8, True), (REAL, 4, False), (REAL, 8, False)],
+                         ids=["tiny-4bit", "tiny-8bit-sym", "qwen2-4bit", "qwen2-8bit"])
+def test_matches_numpy_reference(model, cfg, bits, symmetric):
     """accuracy_level 0 (fp32 compute on dequantized weights): ORT's logits = the float64 forward pass."""
-    path, c = model(**cfg, bits=bits, accuracy_level=0)
+    path, c = model(**cfg, bits=bits, symmetric=symmetric, accuracy_level=0)
     ids = PROMPT if c.vocab > max(PROMPT) else [t % c.vocab for t in PROMPT]
     got = qwen.host_runner(session(path))(qwen.step_feeds(c, ids, None, 0))["logits"][0]
     w = model_weights(path)
