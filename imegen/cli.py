@@ -178,9 +178,17 @@ def main(argv: list[str] | None = None) -> int:
                                       "MatMulNBits via onnxruntime's quantizer)"))
     from .perf.cli import COMMANDS as PERF_COMMANDS, add_perf_commands, run_perf_command  # bench, tune
     add_perf_commands(sub)
+    from .ort.commands import COMMANDS as ORT_COMMANDS, add_commands as add_ort_commands, run_command as run_ort_command
+    add_ort_commands(sub)  # ort-library, ort-rewrite, ort-model-check
     args = parser.parse_args(argv)
     if args.command in PERF_COMMANDS:
         return run_perf_command(args)
+    if args.command in ORT_COMMANDS:
+        try:
+            return run_ort_command(args)
+        except SpecError as e:
+            print(e, file=sys.stderr)
+            return 2
     handler = {"generate": cmd_generate, "check": cmd_check, "list": cmd_list, "explain": cmd_explain,
                "ort-check": cmd_ort_check, "outputs": cmd_outputs, "cmake-snippet": cmd_cmake_snippet,
                "qwen-model": qwen.run_command}[args.command]

@@ -1,0 +1,94 @@
+"""The stock-ORT commands: `imegen ort-library`, `imegen ort-rewrite`, `imegen ort-model-check`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+COMMANDS = ("ort-library", "ort-rewrite", "ort-model-check")
+
+
+class UsageError(Exception):
+    """A user error (exit status 2)."""
+
+
+def add_commands(sub) -> None:
+    lib = sub.add_parser("ort-library", help="build the ORT custom-op library for SPEC's imegen-ABI kernels")
+    lib.add_argument("spec")
+    lib.add_argument("--flavour", choices=("hardware", "qemu"), default="hardware",
+                     help="hardware (a K1) or qemu (IME emulated; for QEMU only)")
+    lib.add_argument("-o", "--output", help="copy the library here")
+    rw = sub.add_parser("ort-rewrite", help="move the MatMulNBits nodes SPEC serves into imegen's ORT domain")
+    rw.add_argument("spec")
+    rw.add_argument("model")
+    rw.add_argument("-o", "--output", required=True)
+    mc = sub.add_parser("ort-model-check", help="a model in stock riscv64 ORT vs ORT + imegen, under QEMU")
+    mc.add_argument("spec")
+    mc.add_argument("model")
+    mc.add_argument("--ort", choices=("1.21", "1.23"), default="1.23", help="onnxruntime version (Debian riscv64)")
+    mc.add_argument("--inputs", help=".npz of inputs (default: random, seeded)")
+    mc.add_argument("--seed", type=int, default=0)
+    mc.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE", help="a symbolic input dimension")
+    mc.add_argument("--threads", type=int, default=1, help="intra_op_num_threads")
+
+
+def _load_model(path: str):
+    import onnx
+
+    if not Path(path).is_file():
+        raise UsageError(f"{path}: no such model file")
+    try:
+        return onnx.load(path)
+    except Exception as e:  # onnx raises DecodeError and friends
+        raise UsageError(f"{path}: not an ONNX model ({e})") from None
+
+
+def run_command(args) -> int:
+    from ..ir import load_specs
+    from .customop import CustomOpError, build_library
+    from .riscv import OrtError
+
+    try:
+        specs = load_specs(args.spec)
+        if args.command == "ort-library":
+            lib = build_library(specs, args.spec, flavour=args.flavour)
+            if args.output:
+                Path(args.output).write_bytes(lib.read_bytes())
+            print(args.output or lib)
+            return 0
+        if args.command == "ort-rewrite":
+            import onnx
+
+            from .rewrite import rewrite
+
+            model = _load_model(args.model)
+            decisions = rewrite(model, specs)
+            onnx.save(model, args.output)
+            for d in decisions:
+                print(d)
+            print(f"{sum(d.moved for d in decisions)} of {len(decisions)} MatMulNBits nodes moved; wrote {args.output}")
+            return 0
+        from .model_check import model_check
+
+        _load_model(args.model)
+        inputs = None
+        if args.inputs:
+            import numpy as np
+
+            inputs = dict(np.load(args.inputs))
+        dims = {}
+        for d in args.dim:
+            name, _, value = d.partition("=")
+            if not value.isdigit():
+                raise UsageError(f"--dim {d}: expected NAME=VALUE")
+            dims[name] = int(value)
+        check = model_check(specs, args.model, spec_file=args.spec, version=args.ort, inputs=inputs, seed=args.seed,
+                            dims=dims, threads=args.threads)
+        print(check.report())
+        return 0 if check.ok else 1
+    except (UsageError, CustomOpError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OrtError as e:
+        print(f"error: onnxruntime: {e}", file=sys.stderr)
+        return 1

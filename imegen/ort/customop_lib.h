@@ -1,0 +1,27 @@
+/* The kernel table an imegen custom-op library is built from (generated: templates/customop_kernels.c.j2). */
+#ifndef IMEGEN_CUSTOMOP_LIB_H
+#define IMEGEN_CUSTOMOP_LIB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct imegen_kernel_entry {
+    const char *name;
+    const char *target; /* ime | rvv | scalar */
+    int vlen;           /* VLEN the kernel needs (ime: exactly 256, rvv: at least this), 0 for scalar */
+    int gemv;           /* 1: decode kernel (preferred at M = 1), 0: gemm */
+    int bits, block, int8_compute, asymmetric, bias, tile_m;
+    int (*supported)(void);
+    size_t (*packed_b_size)(size_t N, size_t K);
+    void (*pack_b)(size_t N, size_t K, const uint8_t *b, const float *scales, const uint8_t *zp, void *packed);
+    size_t (*workspace_size)(size_t M, size_t K);
+    void (*prepare_a)(size_t M, size_t K, const float *A, size_t lda, void *workspace);
+    int (*matmul)(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *packed_b, const float *bias,
+                  float *C, size_t ldc, void *workspace);
+};
+
+extern const struct imegen_kernel_entry imegen_kernels[];
+extern const size_t imegen_kernel_count;
+extern const char imegen_spec_file[];
+
+#endif
