@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import onnxruntime as ort  # noqa: E402
 from onnx import numpy_helper  # noqa: E402
 
 from imegen import reference as R  # noqa: E402
+from imegen.ir import load_specs  # noqa: E402
 from imegen.ort import qwen  # noqa: E402
 
 REAL = dict(layers=2, vocab=512)  # Qwen2.5-0.5B's widths, shrunk depth and vocabulary
@@ -216,12 +218,24 @@ def test_cli_writes_model_and_refuses_bad_block(tmp_path):
 E2E_PROMPT = [63, 232, 500, 68, 196]
 MIN_MARGIN = 0.06
 E2E_STEPS = 8
-IME_SPEC = "examples/qwen_mlp.imegen"  # q4_prefill_ime (gemm, M > 1) and q4_decode_ime (gemv, M = 1)
+IME_SPEC = str(Path(__file__).resolve().parents[1] / "examples" / "qwen_mlp.imegen")  # q4_prefill_ime (gemm, M > 1) and q4_decode_ime (gemv, M = 1)
+
+
+IME_KERNELS = {"gemm": "q4_prefill_ime", "gemv": "q4_decode_ime"}
 
 
 def imegen_session(riscv, model_path, version, tmp_path):
-    """(RiscvSession running the rewritten model with imegen's library, kernel-call counter)."""
-    raise NotImplementedError("filled in from the ort-customop interface at merge")
+    """RiscvSession on the model rewritten into imegen's domain, with the library of the spec's two IME kernels."""
+    from imegen.ort import customop, rewrite
+
+    specs = [s for s in load_specs(IME_SPEC) if s.name in IME_KERNELS.values()]
+    m = onnx.load(str(model_path))
+    decisions = rewrite.rewrite(m, specs)
+    assert len(decisions) == sum(n.op_type == "MatMulNBits" for n in m.graph.node)
+    assert all(d.moved and d.detail == "q4_decode_ime, q4_prefill_ime" for d in decisions), decisions
+    rewritten = tmp_path / "qwen-imegen.onnx"
+    onnx.save(m, str(rewritten))
+    return riscv.RiscvSession(rewritten, version=version, custom_ops=customop.build_library(specs, IME_SPEC))
 
 
 _stock_runs: dict = {}
@@ -261,14 +275,16 @@ def test_riscv_greedy_decode_stock_vs_imegen(model, tmp_path, version):
     riscv = pytest.importorskip("imegen.ort.riscv", reason="needs the ort-customop branch (riscv64 ORT runner)")
     path, c = model(**REAL)
     stock_ids, stock_logits = stock_decode(riscv, path, c, version)
-    ime, calls = imegen_session(riscv, path, version, tmp_path)
-    with ime:
-        seen = []
+    from imegen.ort.customop import parse_stats
+
+    with imegen_session(riscv, path, version, tmp_path) as ime:
+        seen = []  # per run: (M, kernel calls and vmadots it added)
 
         def run(feeds):
-            before = calls()
+            before = parse_stats(ime.stats())
             out = ime.run(feeds)
-            seen.append((feeds["input_ids"].shape[1], calls() - before))
+            after = parse_stats(ime.stats())
+            seen.append((feeds["input_ids"].shape[1], {k: after[k] - before.get(k, 0) for k in after}))
             return out
 
         ids, logits = qwen.greedy_decode(run, E2E_PROMPT, E2E_STEPS, c)
@@ -277,5 +293,8 @@ def test_riscv_greedy_decode_stock_vs_imegen(model, tmp_path, version):
     ref = reference_logits(model_weights(path), c, E2E_PROMPT + ids[:-1])[len(E2E_PROMPT) - 1:]
     assert np.all(np.abs(logits - ref) <= level4_tolerance(ref))
     assert [m for m, _ in seen] == [len(E2E_PROMPT)] + [1] * (E2E_STEPS - 1)
-    per_run = 7 * c.layers + 1  # every MatMulNBits node, prefill and decode alike
-    assert all(n >= per_run for _, n in seen), seen
+    nodes = 7 * c.layers + 1  # every MatMulNBits node, once per run (threads = 1)
+    gemm, gemv = IME_KERNELS["gemm"], IME_KERNELS["gemv"]
+    assert seen[0][1][gemm] == nodes and seen[0][1][gemv] == 0, seen[0]  # prefill: M = 5 on the gemm kernel
+    assert all(d[gemv] == nodes and d[gemm] == 0 for _, d in seen[1:]), seen  # decode: M = 1 on the gemv kernel
+    assert all(d["vmadots"] > 0 for _, d in seen), seen  # and their IME instructions ran (emulated)
