@@ -6,8 +6,8 @@ query attention), SiLU-gated MLP with intermediate 4864, RMSNorm eps 1e-6, rotar
 (rotate-half form), q/k/v projections with bias, vocabulary 151936 with tied embeddings.
 
 Graph: plain ONNX opset-17 ops plus com.microsoft MatMulNBits, which onnxruntime's own
-MatMulNBitsQuantizer writes for every projection (so ORT 1.21 and 1.23 on riscv64 run it, and
-imegen's rewrite has only MatMulNBits to move).  The seven projections per layer and the lm_head
+MatMulNBitsQuantizer writes for every projection (so riscv64 ORT 1.21 and 1.23 run it, the 8-bit
+model 1.23 only: 1.21's MatMulNBits is 4-bit only; and imegen's rewrite has only MatMulNBits to move).  The seven projections per layer and the lm_head
 are MatMulNBits; the lm_head is the quantized transposed embedding matrix: the embedding is tied,
 and the lm_head is the model's largest matmul (151936 x 896, 28% of the weights), the one that
 dominates decode, so leaving it fp32 would hide the kernels where they matter most (onnxruntime-genai's
