@@ -5,7 +5,18 @@ Pipeline (one module per stage): parse -> ir -> plan -> render -> toolchain -> v
 
 __version__ = "0.1.0"
 
-# The public API (imegen/api.py; README "Python API"). Imported after __version__, which render.py reads.
-from .api import (Kernel, NodeDecision, OrtError, RiscvSession, build_kernel, build_ort_library,  # noqa: E402
-                  load_spec, parse_stats, rewrite_model, weights)
-from .ort.model_check import model_check  # noqa: E402
+# The public API (imegen/api.py; README "Python API"), imported on first use so that `import imegen`
+# stays light and `python3 -m imegen.ort.sysroot` runs without the package having imported it already.
+_API = ("Kernel", "NodeDecision", "OrtError", "RiscvSession", "build_kernel", "build_ort_library", "load_spec",
+        "parse_stats", "rewrite_model", "weights", "model_check")
+__all__ = list(_API)
+
+
+def __getattr__(name):
+    if name == "model_check":
+        from .ort.model_check import model_check
+        return model_check
+    if name in _API:
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'imegen' has no attribute {name!r}")

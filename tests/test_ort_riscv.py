@@ -53,3 +53,15 @@ def test_runner_surfaces_ort_errors(tmp_path):
         assert s.stats() == ""
     with pytest.raises(OrtError, match="doesn't exist"):
         RiscvSession(tmp_path / "missing.onnx", version="1.21")
+
+
+def test_sid_moving_on_fails_with_a_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no cached sysroot: ensure must resolve
+    monkeypatch.setattr(sysroot, "_update", lambda suite: None)
+    served = {"libonnxruntime1.23": None, "libonnxruntime-dev": "1.24.1+dfsg-1"}
+    monkeypatch.setattr(sysroot, "_candidate", lambda suite, pkg: served[pkg])
+    with pytest.raises(sysroot.SysrootError, match="no longer serves libonnxruntime1.23 .*1.24.1"):
+        sysroot.ensure("1.23")
+    served.update({"libonnxruntime1.23": "1.23.3+dfsg-1", "libonnxruntime-dev": "1.24.1+dfsg-1"})
+    with pytest.raises(sysroot.SysrootError, match="not a matching 1.23.x pair"):
+        sysroot.ensure("1.23")

@@ -92,8 +92,9 @@ def build_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour
     files = render_library(plans, Path(spec_file).name)
     include = sysroot.include_dir(sysroot.ensure(HEADER_VERSION))
     emulate = flavour == "qemu" and any(p.spec.target == "ime" for p in plans)
-    inputs = [sorted(files.items()), flavour, [p.read_text() for p in LIB_SOURCES],
-              (include / "onnxruntime_c_api.h").read_text(), (toolchain.RUNTIME_DIR / "ime_emu.c").read_text()]
+    inputs = [sorted(files.items()), flavour, [p.read_text() for p in LIB_SOURCES], Path(__file__).read_text(),
+              (include / "onnxruntime_c_api.h").read_text(), (toolchain.RUNTIME_DIR / "ime_emu.c").read_text(),
+              toolchain.COMMON_FLAGS]  # this file: the build recipe
     key = hashlib.sha256(repr(inputs).encode()).hexdigest()[:16]
     name = f"libimegen_ort{'_qemu' if flavour == 'qemu' else ''}.so"
 
@@ -112,7 +113,10 @@ def build_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour
         if emulate:  # rv64gc: the emulator's own C code must not touch the V registers it emulates on
             objs.append(toolchain.compile_c([toolchain.RUNTIME_DIR / "ime_emu.c"], d / "ime_emu.o", march="rv64gc",
                                             extra_flags=pic, include_dirs=incs))
-        toolchain.compile_c(objs, d / name, march="rv64gcv", extra_flags=["-shared", "-Wl,-z,defs"])
+        # Export only the ORT entry point and the counters: kernel symbols must not clash with the host's.
+        (d / "exports.map").write_text("{ global: RegisterCustomOps; imegen_ort_stats; local: *; };\n")
+        toolchain.compile_c(objs, d / name, march="rv64gcv",
+                            extra_flags=["-shared", "-Wl,-z,defs", f"-Wl,--version-script={d / 'exports.map'}"])
 
     return cached_dir(CACHE / f"ort-customop-{flavour}-{key}", fill) / name
 

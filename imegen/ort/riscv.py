@@ -9,6 +9,7 @@ requests over a small binary protocol on its stdin/stdout (documented in the C f
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 import subprocess
 import threading
@@ -38,10 +39,11 @@ def runner(version: str = "1.23") -> Path:
     """The runner executable for onnxruntime `version`, built once per (source, header, compiler)."""
     root = sysroot.ensure(version)
     header = sysroot.include_dir(root) / "onnxruntime_c_api.h"
-    key = hashlib.sha256(RUNNER_SOURCE.read_bytes() + header.read_bytes() + toolchain.CLANG.encode()).hexdigest()[:16]
+    recipe = (RUNNER_SOURCE.read_bytes(), header.read_bytes(), toolchain.CLANG, toolchain.COMMON_FLAGS)
+    key = hashlib.sha256(repr(recipe).encode()).hexdigest()[:16]
     exe = sysroot.cache_root() / "ort-runner" / f"ort_runner-{key}"
     if not exe.exists():
-        tmp = exe.with_name(exe.name + ".tmp")
+        tmp = exe.with_name(f"{exe.name}.{os.getpid()}.tmp")  # concurrent builders publish with one rename
         toolchain.compile_c([RUNNER_SOURCE], tmp, march="rv64gc", include_dirs=[sysroot.include_dir(root)],
                             extra_flags=["-std=gnu11", "-ldl"])
         tmp.rename(exe)
