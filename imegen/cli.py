@@ -173,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--full", action="store_true", help="ORT's whole shape grid (default: the fast CI subset)")
     o.add_argument("-j", "--jobs", type=int, default=None, help="parallel builds/QEMU runs (default: CPU count)")
     o.add_argument("-k", "--kernel", action="append", help="only this kernel of SPEC (repeatable)")
+    from .ort import qwen
+    qwen.add_arguments(sub.add_parser("qwen-model", help="write a Qwen2.5-0.5B-architecture ONNX model (random weights, "
+                                      "MatMulNBits via onnxruntime's quantizer)"))
     from .perf.cli import COMMANDS as PERF_COMMANDS, add_perf_commands, run_perf_command  # bench, tune
     add_perf_commands(sub)
     from .ort.commands import COMMANDS as ORT_COMMANDS, add_commands as add_ort_commands, run_command as run_ort_command
@@ -187,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             print(e, file=sys.stderr)
             return 2
     handler = {"generate": cmd_generate, "check": cmd_check, "list": cmd_list, "explain": cmd_explain,
-               "ort-check": cmd_ort_check, "outputs": cmd_outputs, "cmake-snippet": cmd_cmake_snippet}[args.command]
+               "ort-check": cmd_ort_check, "outputs": cmd_outputs, "cmake-snippet": cmd_cmake_snippet,
+               "qwen-model": qwen.run_command}[args.command]
     try:
         return handler(args)
     except SpecError as e:
