@@ -57,6 +57,8 @@ def cmd_ort_patch(args) -> int:
     """Write the unified diff that hooks imegen into a real ORT tree (default: Debian's, fetched)."""
     from .ort import ort_tree
 
+    if args.ort not in ort_tree.SOURCES and not (args.tree and args.output):
+        raise OrtTreeError(f"--ort {args.ort}: imegen fetches no tree for it; give your checkout and -o FILE")
     tree = Path(args.tree) if args.tree else ort_tree.pristine_tree(args.ort)
     out = Path(args.output) if args.output else ort_tree.committed_patch_path(args.ort)
     changed = write_if_changed(out, ort_tree.make_patch(tree, args.ort))
@@ -209,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("-k", "--kernel", action="append", help="only this kernel of SPEC (repeatable)")
     op = sub.add_parser("ort-patch", help="write the patch hooking imegen into a real ORT source tree")
     op.add_argument("tree", nargs="?", help="pristine ORT tree (default: Debian's onnxruntime source, fetched and cached)")
-    op.add_argument("--ort", default="1.21", choices=["1.21"])
+    op.add_argument("--ort", default="1.21", choices=sorted(PINS),
+                    help="1.21 (Debian's tree, fetched; the patch CI applies) or main (your checkout; untested anchors)")
     op.add_argument("-o", "--output", help="default examples/ort/onnxruntime-<version>-imegen.patch")
     om = sub.add_parser("ort-mlas-test", help="ORT's own MLAS QNBitGemm unit tests with imegen's dispatch, under QEMU")
     om.add_argument("spec")

@@ -74,7 +74,7 @@ def test_orts_mlas_unit_tests_pass_with_imegens_dispatch(target):
     exe = ort_tree.build_mlas_test(PIN, ROOT / "examples" / "ort" / f"ort121_{target}.imegen")
     r = ort_tree.run_mlas_test(exe, ort_tree.CI_FILTER)
     print(f"{target}: {r.summary()}")
-    assert r.failed == 0 and r.passed >= 6760, r.summary()
+    assert r.failed == 0 and r.passed >= 3400, r.summary()
     # MLAS admitted and ran every block size with both compute types it routes in 1.21.
     for blk in (16, 32, 64, 128, 256):
         for compute in ("Fp32", "Int8"):
@@ -87,7 +87,7 @@ def test_orts_mlas_unit_tests_pass_with_imegens_dispatch(target):
     base = ort_tree.run_mlas_test(exe, ort_tree.CI_FILTER, disable_imegen=True)
     print(f"{target} baseline: {base.summary()}")
     # MLAS 1.21 has no RISC-V QNBitGemm dispatch: without imegen it registers no SQNBitGemm test.
-    assert base.failed == 0 and base.passed > 0 and "SQNBitGemm" not in base.output
+    assert base.failed == 0 and base.passed > 0 and "[ RUN      ] SQNBitGemm" not in base.output
     assert sum(base.calls.values()) == 0 and base.vmadot == 0
 
 

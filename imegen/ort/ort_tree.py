@@ -303,9 +303,10 @@ class GtestResult:
                 f"({self.registered} registered programmatically); imegen dispatch calls {calls}, emulated vmadot {self.vmadot}")
 
 
-# CI: the single-thread half of the SQNBitGemm grid (this build has no thread pool, so the "Threaded"
-# half runs the same code) and the blockwise quantizer tests; --full runs everything.
-CI_FILTER = "SQNBitGemm*.SingleThread/*:BlockQ4.*"
+# CI: of the single-thread half of the SQNBitGemm grid (this build has no thread pool, so the "Threaded"
+# half runs the same code), every shape with zero points and the M = 11 shapes without them, plus the
+# blockwise quantizer tests; --full runs everything.
+CI_FILTER = "SQNBitGemm*.SingleThread/isSymmetric0/*:SQNBitGemm*.SingleThread/isSymmetric1/M11*:BlockQ4.*"
 
 
 def run_mlas_test(exe: Path, gtest_filter: str | None, *, vlen: int = 256, disable_imegen: bool = False,
