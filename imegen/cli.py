@@ -11,9 +11,10 @@ from pathlib import Path
 from .check import check_dispatch, check_kernel, format_table, stderr_log
 from .errors import SpecError
 from .ir import load_specs
-from .ort.mlas_abi import plan_dispatch
+from .ort.mlas_abi import DEFAULT_PIN, PINS, plan_dispatch
 from .plan import KernelPlan, plan_kernel
 from .render import march_for, render_spec, write_if_changed
+from .ort.ort_tree import OrtTreeError
 from .toolchain import ToolchainError, missing_tools
 
 
@@ -29,7 +30,7 @@ def _plans(spec: str, only: list[str] | None = None) -> list[KernelPlan]:
 
 def cmd_generate(args) -> int:
     out = Path(args.output)
-    for name, text in render_spec(_plans(args.spec, args.kernel), args.spec).items():
+    for name, text in render_spec(_plans(args.spec, args.kernel), args.spec, args.ort).items():
         changed = write_if_changed(out / name, text)
         print(f"{'wrote' if changed else 'unchanged'} {out / name}")
     return 0
@@ -39,7 +40,7 @@ def cmd_outputs(args) -> int:
     """File names `generate` writes, each with the -march its .c needs (for build systems)."""
     plans = _plans(args.spec)
     march = {f"{p.name}.c": march_for(p) for p in plans}
-    for name in render_spec(plans, args.spec):
+    for name in render_spec(plans, args.spec, args.ort):
         print(f"{name}\t{march.get(name, 'rv64gc' if name.endswith('.c') else '')}".rstrip())
     return 0
 
@@ -50,6 +51,37 @@ def cmd_cmake_snippet(args) -> int:
 include("{module}")
 imegen_generate(onnxruntime_mlas SPEC "{Path(args.spec).resolve() if args.spec else '${{IMEGEN_SPEC}}'}")""")
     return 0
+
+
+def cmd_ort_patch(args) -> int:
+    """Write the unified diff that hooks imegen into a real ORT tree (default: Debian's, fetched)."""
+    from .ort import ort_tree
+
+    if args.ort not in ort_tree.SOURCES and not (args.tree and args.output):
+        raise OrtTreeError(f"--ort {args.ort}: imegen fetches no tree for it; give your checkout and -o FILE")
+    tree = Path(args.tree) if args.tree else ort_tree.pristine_tree(args.ort)
+    out = Path(args.output) if args.output else ort_tree.committed_patch_path(args.ort)
+    changed = write_if_changed(out, ort_tree.make_patch(tree, args.ort))
+    print(f"{'wrote' if changed else 'unchanged'} {out}")
+    return 0
+
+
+def cmd_ort_mlas_test(args) -> int:
+    """Build ORT's MLAS (patched, imegen's hook generating SPEC) for riscv64 and run ORT's own MLAS unit
+    tests for the QNBitGemm path under QEMU, with imegen's dispatch and without it (the baseline)."""
+    from .ort import ort_tree
+
+    spec = Path(args.spec)
+    exe = ort_tree.build_mlas_test(args.ort, spec)
+    flt = None if args.full else ort_tree.CI_FILTER
+    print(f"ORT {args.ort} onnxruntime_mlas_test, spec {spec}, gtest filter {flt or '(none: the full grid)'}, QEMU VLEN {args.vlen}")
+    failed = False
+    for label, off in (("imegen dispatch", False), ("baseline (IMEGEN_MLAS_DISABLE=1)", True)):
+        ort_tree.log(f"running {label}")
+        r = ort_tree.run_mlas_test(exe, flt, vlen=args.vlen, disable_imegen=off)
+        print(f"  {label}: {r.summary()}")
+        failed |= r.failed > 0 or r.passed == 0
+    return 1 if failed else 0
 
 
 def cmd_check(args) -> int:
@@ -158,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("generate", help="write each kernel's .c and .h")
     g.add_argument("spec")
     g.add_argument("-o", "--output", default="generated")
+    g.add_argument("--ort", default=DEFAULT_PIN, choices=sorted(PINS),
+                   help=f"ORT version the MLAS glue is pinned to (default {DEFAULT_PIN}; see imegen/ort/mlas_abi.py)")
     c = sub.add_parser("check", help="generate, compile, run under QEMU, compare to NumPy")
     c.add_argument("spec")
     c.add_argument("--seed", type=int, default=0)
@@ -166,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("spec")
     for p in (g, c, e):
         p.add_argument("-k", "--kernel", action="append", help="only this kernel (repeatable)")
-    sub.add_parser("outputs", help="list generated files and their -march (for build systems)").add_argument("spec")
+    out = sub.add_parser("outputs", help="list generated files and their -march (for build systems)")
+    out.add_argument("spec")
+    out.add_argument("--ort", default=DEFAULT_PIN, choices=sorted(PINS))
     sub.add_parser("cmake-snippet", help="print the CMake lines that hook imegen into a build").add_argument("spec", nargs="?")
     o = sub.add_parser("ort-check", help="conformance against onnxruntime: ORT's shapes, quantizer and tolerances")
     o.add_argument("spec", nargs="?", help="kernels to check (default: a built-in set covering every target)")
@@ -176,6 +212,16 @@ def main(argv: list[str] | None = None) -> int:
     from .ort import qwen
     qwen.add_arguments(sub.add_parser("qwen-model", help="write a Qwen2.5-0.5B-architecture ONNX model (random weights, "
                                       "MatMulNBits via onnxruntime's quantizer)"))
+    op = sub.add_parser("ort-patch", help="write the patch hooking imegen into a real ORT source tree")
+    op.add_argument("tree", nargs="?", help="pristine ORT tree (default: Debian's onnxruntime source, fetched and cached)")
+    op.add_argument("--ort", default="1.21", choices=sorted(PINS),
+                    help="1.21 (Debian's tree, fetched; the patch CI applies) or main (your checkout; untested anchors)")
+    op.add_argument("-o", "--output", help="default examples/ort/onnxruntime-<version>-imegen.patch")
+    om = sub.add_parser("ort-mlas-test", help="ORT's own MLAS QNBitGemm unit tests with imegen's dispatch, under QEMU")
+    om.add_argument("spec")
+    om.add_argument("--ort", default="1.21", choices=["1.21"])
+    om.add_argument("--full", action="store_true", help="the whole gtest grid (default: the CI filter)")
+    om.add_argument("--vlen", type=int, default=256)
     from .perf.cli import COMMANDS as PERF_COMMANDS, add_perf_commands, run_perf_command  # bench, tune
     add_perf_commands(sub)
     from .ort.commands import COMMANDS as ORT_COMMANDS, add_commands as add_ort_commands, run_command as run_ort_command
@@ -191,13 +237,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     handler = {"generate": cmd_generate, "check": cmd_check, "list": cmd_list, "explain": cmd_explain,
                "ort-check": cmd_ort_check, "outputs": cmd_outputs, "cmake-snippet": cmd_cmake_snippet,
-               "qwen-model": qwen.run_command}[args.command]
+               "qwen-model": qwen.run_command, "ort-patch": cmd_ort_patch, "ort-mlas-test": cmd_ort_mlas_test}[args.command]
     try:
         return handler(args)
     except SpecError as e:
         print(e, file=sys.stderr)
         return 2
-    except (ToolchainError, OSError) as e:
+    except (ToolchainError, OSError, OrtTreeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -66,7 +66,7 @@ def render_dispatch(d: mlas_abi.DispatchPlan, spec_file: str) -> dict[str, str]:
         d=d, spec_file=spec_file, entries=mlas_abi.ENTRIES, E={e.member: e for e in mlas_abi.ENTRIES},
         fp32=mlas_abi.COMPUTE_FP32, int8=mlas_abi.COMPUTE_INT8, slack=mlas_abi.WORKSPACE_SLACK,
         alignment=mlas_abi.WORKSPACE_ALIGNMENT, blksum_alignment=mlas_abi.BLKSUM_ALIGNMENT,
-        blksum_columns=mlas_abi.BLKSUM_COLUMNS, ort_commit=mlas_abi.ORT_COMMIT,
+        blksum_columns=mlas_abi.BLKSUM_COLUMNS,
     )
     return {
         f"{d.prefix}dispatch.h": _env().get_template("dispatch.h.j2").render(**ctx),
@@ -80,13 +80,13 @@ def march_for(plan: KernelPlan) -> str:
     return "rv64gc" if plan.spec.target == "scalar" else "rv64gcv"
 
 
-def render_spec(plans: list[KernelPlan], spec_file: str) -> dict[str, str]:
+def render_spec(plans: list[KernelPlan], spec_file: str, ort: str = mlas_abi.DEFAULT_PIN) -> dict[str, str]:
     """Every file `imegen generate` writes for a spec: each kernel's .c/.h, plus the MLAS dispatch
-    when the spec has abi=mlas kernels."""
+    (its glue for ORT pin `ort`) when the spec has abi=mlas kernels."""
     files: dict[str, str] = {}
     for plan in plans:
         files.update(render_kernel(plan, spec_file))
-    dispatch = mlas_abi.plan_dispatch(plans, spec_file)
+    dispatch = mlas_abi.plan_dispatch(plans, spec_file, ort)
     if dispatch:
         files.update(render_dispatch(dispatch, spec_file))
     return files

@@ -1,26 +1,30 @@
 # imegen build-system hook.
 #
 #   include(<imegen>/imegen/cmake/imegen.cmake)     # `imegen cmake-snippet` prints this line
-#   imegen_generate(<target> SPEC <spec.imegen> [OUTPUT_DIR <dir>] [DEFINE <macro>] [ORT_GLUE])
+#   imegen_generate(<target> SPEC <spec.imegen> [OUTPUT_DIR <dir>] [DEFINE <macro>] [ORT_GLUE] [ORT <version>])
 #
 # Runs `imegen generate` at build time (again whenever the spec, imegen's templates or its Python
 # sources change), adds the generated C files to <target>, each with the -march it needs, and adds
 # the output directory (default <binary dir>/imegen_generated) to <target>'s include path. When the spec has abi=mlas kernels it also
 # defines <macro> (default MLAS_USE_IMEGEN_QNBIT) on <target>, and with ORT_GLUE adds the C++ file
-# that fills ORT's MLAS_QNBIT_GEMM_DISPATCH (it includes ORT's mlasi.h/qnbitgemm.h).
+# that fills ORT's MLAS_QNBIT_GEMM_DISPATCH (it includes ORT's mlasi.h/qnbitgemm.h), with the signatures
+# of ORT <version> (`imegen generate --ort`: main or 1.21; default main).
 # The interpreter with imegen installed: IMEGEN_PYTHON, else Python3_EXECUTABLE / find_package(Python3).
 
 get_filename_component(IMEGEN_PACKAGE_DIR "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
 get_filename_component(IMEGEN_TEMPLATE_DIR "${IMEGEN_PACKAGE_DIR}/../templates" ABSOLUTE)
 
 function(imegen_generate target)
-  cmake_parse_arguments(ARG "ORT_GLUE" "SPEC;OUTPUT_DIR;DEFINE" "" ${ARGN})
+  cmake_parse_arguments(ARG "ORT_GLUE" "SPEC;OUTPUT_DIR;DEFINE;ORT" "" ${ARGN})
   if(NOT ARG_SPEC)
     message(FATAL_ERROR "imegen_generate(${target}): SPEC <file> is required")
   endif()
   get_filename_component(spec "${ARG_SPEC}" ABSOLUTE)
   if(NOT ARG_OUTPUT_DIR)
     set(ARG_OUTPUT_DIR "${CMAKE_CURRENT_BINARY_DIR}/imegen_generated")
+  endif()
+  if(NOT ARG_ORT)
+    set(ARG_ORT main)
   endif()
   if(NOT ARG_DEFINE)
     set(ARG_DEFINE MLAS_USE_IMEGEN_QNBIT)
@@ -36,7 +40,7 @@ function(imegen_generate target)
   # Run from the directory holding the imegen package, so `-m imegen` cannot pick up a
   # same-named directory from the build tree.
   get_filename_component(package_parent "${IMEGEN_PACKAGE_DIR}/.." ABSOLUTE)
-  execute_process(COMMAND "${IMEGEN_PYTHON}" -m imegen outputs "${spec}" WORKING_DIRECTORY "${package_parent}"
+  execute_process(COMMAND "${IMEGEN_PYTHON}" -m imegen outputs "${spec}" --ort "${ARG_ORT}" WORKING_DIRECTORY "${package_parent}"
                   OUTPUT_VARIABLE listing ERROR_VARIABLE err RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "imegen: ${err}")
@@ -75,7 +79,7 @@ function(imegen_generate target)
   list(APPEND generator ${grammar})
   add_custom_command(
     OUTPUT ${outputs}
-    COMMAND "${IMEGEN_PYTHON}" -m imegen generate "${spec}" -o "${ARG_OUTPUT_DIR}"
+    COMMAND "${IMEGEN_PYTHON}" -m imegen generate "${spec}" --ort "${ARG_ORT}" -o "${ARG_OUTPUT_DIR}"
     DEPENDS "${spec}" ${templates} ${generator}
     WORKING_DIRECTORY "${package_parent}"
     COMMENT "imegen: generating kernels from ${ARG_SPEC}"

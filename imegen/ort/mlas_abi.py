@@ -1,13 +1,18 @@
-"""ONNX Runtime MLAS QNBitGemm dispatch: the entry points imegen fills, in one table.
+"""ONNX Runtime MLAS QNBitGemm dispatch: the entry points imegen fills, in one table per ORT pin.
 
-Pinned to MLAS_QNBIT_GEMM_DISPATCH and PackedQuantBDataStruct in onnxruntime/core/mlas/lib/qnbitgemm.h
-at ORT commit 001d12d2 (ORT_COMMIT below; pack, size and workspace functions take a trailing
-MLAS_BACKEND_KERNEL_SELECTOR_CONFIG*). A change of ORT version is an edit of ENTRIES (and _TYPES).
+ENTRIES is imegen's C ABI: plain C functions in the generated dispatch .c, shaped like
+MLAS_QNBIT_GEMM_DISPATCH in onnxruntime/core/mlas/lib/qnbitgemm.h at ORT commit 001d12d2.
+PINS maps each supported ORT version to its dispatch members (ORT's exact C++ signatures, read from
+that version's qnbitgemm.h); the generated C++ glue (compiled inside ORT) wraps each C entry in a
+function with the pinned signature: it casts std::byte* and the compute-type enum, drops what imegen
+does not use (the selector config: one kernel per block size and compute type), supplies what the
+older ABI lacks, and unpacks PackedQuantBDataStruct<float, 8>& into the three regions imegen fills.
 
-Each entry is a plain C function in the generated dispatch .c; the generated C++ glue (compiled
-inside ORT) wraps each one in a function with ORT's exact C++ signature: it casts std::byte* and
-the compute-type enum, drops the selector config (imegen has one kernel per block size and compute
-type), and unpacks PackedQuantBDataStruct<float, 8>& into the three regions imegen fills.
+- "main" (ORT commit 001d12d2): pack, size and workspace functions take a trailing
+  MLAS_BACKEND_KERNEL_SELECTOR_CONFIG*; 8-bit weights run through the BlkSum family.
+- "1.21" (ORT 1.21.0, Debian's onnxruntime 1.21.0+dfsg source): no selector config; the size and
+  workspace members are 4-bit only (Q4BitGemmPackQuantBDataSize without HasZeroPoint,
+  Q4BitGemmPerGemmWorkspaceSize/-Alignment); no 8-bit members at all.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 from ..errors import SpecError
 from ..plan import KernelPlan
 
-ORT_COMMIT = "001d12d2623fd411ce0f83d05abb5e82304a3389"
+ORT_COMMIT = "001d12d2623fd411ce0f83d05abb5e82304a3389"  # the "main" pin
 COMPUTE_FP32 = 0  # SQNBIT_CompFp32, first enumerator of MLAS_QNBIT_GEMM_COMPUTE_TYPE
 COMPUTE_INT8 = 3  # SQNBIT_CompInt8
 WORKSPACE_ALIGNMENT = 64
@@ -67,14 +72,6 @@ class Entry:
         args = ", ".join(_TYPES[t][0].format(n=n) for t, n in self.params if _TYPES[t][0] is not None)
         return f"{_TYPES[self.ret][0].format(n='').strip()} {prefix}{self.member}({args})"
 
-    def cxx_wrapper(self, prefix: str) -> str:
-        """A C++ function with ORT's signature that forwards to the C entry point."""
-        params = ", ".join(_TYPES[t][1].format(n=n) for t, n in self.params)
-        args = ", ".join(_TYPES[t][2].format(n=n) for t, n in self.params if _TYPES[t][2] is not None)
-        guards = "".join(f"\n    {CXX_GUARDS[t].format(n=n)}" for t, n in self.params if t in CXX_GUARDS)
-        ret = "return " if self.ret != "void" else ""
-        return (f"{_TYPES[self.ret][1].format(n='').strip()} imegen_{self.member}({params})\n{{{guards}\n"
-                f"    {ret}{prefix}{self.member}({args});\n}}")
 
 
 def _e(member: str, ret: str, params: str, serves: tuple[tuple[int, int], ...]) -> Entry:
@@ -111,6 +108,62 @@ ENTRIES = (
 )
 
 
+C_ENTRY = {e.member: e for e in ENTRIES}
+
+
+@dataclass(frozen=True)
+class OrtEntry:
+    """One MLAS_QNBIT_GEMM_DISPATCH member of a pinned ORT version and the C entry it forwards to."""
+
+    member: str
+    params: tuple[tuple[str, str], ...]  # ORT's parameters, matched to the C entry's by name
+    forward: Entry
+    supply: tuple[tuple[str, str], ...] = ()  # C parameters ORT does not pass: (name, C++ value)
+
+    def cxx_wrapper(self, prefix: str) -> str:
+        """A C++ function with ORT's signature that forwards to the C entry point."""
+        ours, supplied = {n: t for t, n in self.params}, dict(self.supply)
+        params = ", ".join(_TYPES[t][1].format(n=n) for t, n in self.params)
+        args = ", ".join(supplied[n] if n not in ours else _TYPES[t][2].format(n=n)
+                         for t, n in self.forward.params if _TYPES[t][2] is not None)
+        guards = "".join(f"\n    {CXX_GUARDS[t].format(n=n)}" for t, n in self.params if t in CXX_GUARDS)
+        ret = self.forward.ret
+        return (f"{_TYPES[ret][1].format(n='').strip()} imegen_{self.member}({params})\n{{{guards}\n"
+                f"    IMEGEN_COUNT_CALL({self.member});\n"
+                f"    {'return ' if ret != 'void' else ''}{prefix}{self.forward.member}({args});\n}}")
+
+
+def _o(member: str, params: str, forward: str | None = None, **supply: str) -> OrtEntry:
+    return OrtEntry(member, tuple(tuple(p.split()) for p in params.split(",")),  # type: ignore[misc]
+                    C_ENTRY[forward or member], tuple(supply.items()))
+
+
+@dataclass(frozen=True)
+class OrtPin:
+    name: str  # what `imegen generate --ort` takes
+    label: str  # the ORT source it was read from
+    groups: tuple[tuple[int, int], ...]  # (bits, compute) that version's MLAS routes to a dispatch
+    entries: tuple[OrtEntry, ...]
+
+
+PINS = {
+    "main": OrtPin("main", f"ORT commit {ORT_COMMIT[:8]}", BITS4 + INT8_8,
+                   tuple(OrtEntry(e.member, e.params, e) for e in ENTRIES)),
+    "1.21": OrtPin("1.21", "ORT 1.21.0", BITS4, (
+        _o("Q4BitGemmPackQuantBDataSize", "size N, size K, size BlkLen, compute ComputeType", HasZeroPoint="false"),
+        _o("SQ4BitGemmPackQuantBData", "size N, size K, size BlkLen, compute ComputeType, cbytes QuantBDataBegin, "
+           "bytes PackedQuantBDataBegin, pool ThreadPool"),
+        _o("Q4BitGemmPerGemmWorkspaceSize", "size M, size N, size K, size BlkLen, compute ComputeType",
+           "QNBitGemmPerGemmWorkspaceSize", HasZeroPoint="false", BlkBitWidth="4"),
+        _o("Q4BitGemmPerGemmWorkspaceAlignment", "size BlkLen, compute ComputeType", "QNBitGemmPerGemmWorkspaceAlignment"),
+        *(OrtEntry(m, C_ENTRY[m].params, C_ENTRY[m]) for m in (
+            "SQ4BitGemmM1Kernel_CompFp32", "SQ4BitBlkDequantBForSgemm_CompFp32", "QuantizeARow_CompInt8",
+            "SQ4BitGemmKernel_CompInt8")),
+    )),
+}
+DEFAULT_PIN = "main"
+
+
 @dataclass(frozen=True)
 class Group:
     """The kernels serving one (bits, block size, compute type): they share one packed-B layout."""
@@ -130,6 +183,7 @@ class DispatchPlan:
     prefix: str
     groups: tuple[Group, ...]
     kernels: tuple[KernelPlan, ...]
+    pin: OrtPin = PINS[DEFAULT_PIN]
 
     def serves(self, entry: Entry) -> bool:
         """Does some group use this entry point (so the glue assigns it)?"""
@@ -143,15 +197,21 @@ def dispatch_prefix(spec_file: str) -> str:
     return re.sub(r"\W", "_", Path(spec_file).stem) + "_"
 
 
-def plan_dispatch(plans: list[KernelPlan], spec_file: str) -> DispatchPlan | None:
-    """Group a spec's abi=mlas kernels by (bits, block, compute); None if it has none."""
+def plan_dispatch(plans: list[KernelPlan], spec_file: str, ort: str = DEFAULT_PIN) -> DispatchPlan | None:
+    """Group a spec's abi=mlas kernels by (bits, block, compute) for ORT pin `ort`; None if it has none."""
     mlas = [p for p in plans if p.spec.abi == "mlas"]
     if not mlas:
         return None
+    if ort not in PINS:
+        raise SpecError(None, f"unknown ORT version '{ort}': imegen's MLAS glue is pinned to {', '.join(PINS)}")
+    pin = PINS[ort]
     roles: dict[tuple[int, int, int], dict[str, KernelPlan]] = {}
     for p in mlas:
         s = p.spec
         compute = COMPUTE_FP32 if s.compute == "fp32" else COMPUTE_INT8
+        if (s.bits, compute) not in pin.groups:
+            raise SpecError(s.source, f"kernel '{s.name}': {pin.label}'s MLAS has no {s.bits}-bit {s.compute} QNBitGemm "
+                            f"entry points (it routes only {', '.join(f'{b}-bit ' + ('fp32' if c == COMPUTE_FP32 else 'int8') for b, c in pin.groups)})")
         role = {("fp32", "gemv"): "m1", ("fp32", "gemm"): "dequant", ("int8", "gemv"): "gemv", ("int8", "gemm"): "gemm"}[(s.compute, s.op)]
         group = roles.setdefault((s.bits, s.block, compute), {})
         if role in group:
@@ -169,4 +229,4 @@ def plan_dispatch(plans: list[KernelPlan], spec_file: str) -> DispatchPlan | Non
             raise SpecError(have.spec.source, f"MLAS CompFp32 for block {block} needs both an fp32 gemv kernel (M=1) and an "
                             f"fp32 gemm kernel (dequantize B for SGEMM); only {', '.join(sorted(g))} given")
         groups.append(Group(bits, block, compute, next(iter(g.values())), **g))
-    return DispatchPlan(dispatch_prefix(spec_file), tuple(groups), tuple(mlas))
+    return DispatchPlan(dispatch_prefix(spec_file), tuple(groups), tuple(mlas), pin)

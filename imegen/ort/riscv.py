@@ -8,7 +8,6 @@ requests over a small binary protocol on its stdin/stdout (documented in the C f
 
 from __future__ import annotations
 
-import os
 import struct
 import subprocess
 import threading

@@ -14,7 +14,6 @@ second call costs nothing. sid moves: whatever it serves must still be `libonnxr
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
