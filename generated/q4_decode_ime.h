@@ -18,16 +18,19 @@
 #define IMEGEN_STATUS_CODES
 #define IMEGEN_OK 0
 #define IMEGEN_ERR_VLEN 1 /* the running hart's VLEN is not one this kernel accepts */
-#define IMEGEN_ERR_ARG 2  /* bias given to a kernel without bias, or missing for one with bias */
+#define IMEGEN_ERR_ARG 2  /* a bad argument: bias given to a kernel without bias (or missing), NULL A/B/C/workspace,
+                            lda < K, ldc < N, or sizes whose byte counts overflow size_t */
+/* Largest M, N or K the kernels accept: size functions return 0 above it, matmul IMEGEN_ERR_ARG. */
+#define IMEGEN_MAX_DIM ((size_t)1 << 24)
 #endif
 
 /* 1 when the running hart can run this kernel (VLEN check). */
 int q4_decode_ime_supported(void);
-/* Bytes of the packed B for an N x K weight (ORT MatMulNBits B is [N][ceil(K/32)][16]). */
+/* Bytes of the packed B for an N x K weight; 0 when N or K is 0 or over IMEGEN_MAX_DIM (ORT MatMulNBits B is [N][ceil(K/32)][16]). */
 size_t q4_decode_ime_packed_b_size(size_t N, size_t K);
 /* Repack ORT's B, scales [N][k_blocks] and (asymmetric only) packed uint8 zero points. */
 void q4_decode_ime_pack_b(size_t N, size_t K, const uint8_t *b, const float *scales, const uint8_t *zero_points, void *packed_b);
-/* Bytes of workspace matmul needs for M rows of A. */
+/* Bytes of workspace matmul needs for M rows of A; 0 when M or K is over IMEGEN_MAX_DIM. */
 size_t q4_decode_ime_workspace_size(size_t M, size_t K);
 /* Quantize A per row and block to int8 into the workspace. */
 void q4_decode_ime_prepare_a(size_t M, size_t K, const float *A, size_t lda, void *workspace);

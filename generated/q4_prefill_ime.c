@@ -61,6 +61,8 @@ static q4_prefill_ime_chunk q4_prefill_ime_chunk_at(const q4_prefill_ime_bview *
 
 size_t q4_prefill_ime_packed_b_size(size_t N, size_t K)
 {
+    if (N > IMEGEN_MAX_DIM || K > IMEGEN_MAX_DIM)
+        return 0;
     return (N + NB - 1) / NB * ((K + BLK - 1) / BLK) * 336;
 }
 
@@ -109,6 +111,8 @@ static size_t q4_prefill_ime_qa_bytes(size_t M, size_t Kpad)
 
 size_t q4_prefill_ime_workspace_size(size_t M, size_t K)
 {
+    if (M > IMEGEN_MAX_DIM || K > IMEGEN_MAX_DIM)
+        return 0;
     const size_t kb = (K + BLK - 1) / BLK;
     const size_t Mpad = q4_prefill_ime_rows_padded(M);
     return q4_prefill_ime_qa_bytes(M, kb * BLK) + Mpad * kb * (sizeof(float) + sizeof(int32_t));
@@ -357,6 +361,19 @@ int q4_prefill_ime_matmul(size_t M, size_t N, size_t K, const float *A, size_t l
         return IMEGEN_ERR_ARG;
     if (!q4_prefill_ime_supported())
         return IMEGEN_ERR_VLEN;
+    if (M == 0 || N == 0)
+        return IMEGEN_OK;
+    /* Everything the call will touch must exist and fit: C rows are ldc apart, A rows lda apart. */
+    if (M > IMEGEN_MAX_DIM || N > IMEGEN_MAX_DIM || K > IMEGEN_MAX_DIM || C == NULL || ldc < N || M - 1 > (SIZE_MAX - N) / ldc)
+        return IMEGEN_ERR_ARG;
+    if (K == 0) { /* an empty sum: C = bias (or 0), as dequantize-then-matmul defines it */
+        for (size_t m = 0; m < M; m++)
+            for (size_t n = 0; n < N; n++)
+                C[m * ldc + n] = 0.0f;
+        return IMEGEN_OK;
+    }
+    if (A == NULL || packed_b == NULL || workspace == NULL || lda < K || M - 1 > (SIZE_MAX - K) / lda)
+        return IMEGEN_ERR_ARG;
     const size_t kb = (K + BLK - 1) / BLK, Kpad = kb * BLK;
     const q4_prefill_ime_bview bv = { .packed = packed_b, .nchunks = (N + NB - 1) / NB * kb };
     q4_prefill_ime_prepare_a(M, K, A, lda, workspace);

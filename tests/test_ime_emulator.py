@@ -90,6 +90,7 @@ class Probe:
     word: int
     vtype: str
     survives: bool
+    avl: int | None = None  # None: vl = VLMAX (vsetvli with rs1 = zero); else vsetivli AVL
 
 
 VALID_WORD = encode_vmadot(8, 16, 24)
@@ -101,14 +102,25 @@ PROBES = [
     Probe("slide_funct2_reserved", encode_vmadot(8, 16, 24, slide=3) | 1 << 14, "e8, m1, ta, ma", False),
     Probe("odd_vd", VALID_WORD | 1 << 7, "e8, m1, ta, ma", False),
     Probe("compressed_unimp", 0x00000000, "e8, m1, ta, ma", False),
+    # The MAC unit is selected by vl x SEW: the K1 has only the int8 one (SEW 8, vl x SEW = 256).
+    Probe("vmadot_e8_vl16", VALID_WORD, "e8, m1, ta, ma", False, avl=16),
+    Probe("vmadot_e8_vl8", VALID_WORD, "e8, m1, ta, ma", False, avl=8),
+    Probe("vmadot_e8_vl31", VALID_WORD, "e8, m1, ta, ma", False, avl=31),
+    Probe("vmadot_e16", VALID_WORD, "e16, m1, ta, ma", False),
+    Probe("vmadot_e32", VALID_WORD, "e32, m1, ta, ma", False),
+    Probe("vmadot_e64", VALID_WORD, "e64, m1, ta, ma", False),
+    Probe("vmadot_e8_mf2", VALID_WORD, "e8, mf2, ta, ma", False),
+    Probe("vmadot_e8_vl32_explicit", VALID_WORD, "e8, m1, ta, ma", True, avl=32),
 ]
 
 
 def probe_function(k: int, p: Probe) -> str:
+    setvl = "vsetvli t0, zero" if p.avl is None else (f"vsetivli t0, {p.avl}" if p.avl < 32
+                                                       else f"li t0, {p.avl}\\n\\tvsetvli t0, t0")
     return f"""
 /* {p.name} */
 static void probe_{k}(void) {{
-    __asm__ volatile("vsetvli t0, zero, {p.vtype}\\n\\t.word 0x{p.word:08x}"
+    __asm__ volatile("{setvl}, {p.vtype}\\n\\t.word 0x{p.word:08x}"
                      : : : "memory", "t0" VCLOBBERS({ALL_VREGS}, "vl", "vtype"));
 }}
 """
@@ -120,7 +132,8 @@ def vtype_probe_function() -> str:
 static void vtype_probe(unsigned long r[4]) {{
     unsigned long vl0, vt0, vl1, vt1;
     __asm__ volatile(
-        "vsetivli zero, 7, e8, m1, ta, mu\\n\\t"
+        "li t0, 32\\n\\t"
+        "vsetvli zero, t0, e8, m1, ta, mu\\n\\t"
         "csrr %[vl0], vl\\n\\t"
         "csrr %[vt0], vtype\\n\\t"
         ".word 0x{VALID_WORD:08x}\\n\\t"
@@ -128,7 +141,7 @@ static void vtype_probe(unsigned long r[4]) {{
         "csrr %[vt1], vtype"
         : [vl0] "=&r"(vl0), [vt0] "=&r"(vt0), [vl1] "=r"(vl1), [vt1] "=r"(vt1)
         :
-        : "memory" VCLOBBERS("v8", "v9", "vl", "vtype"));
+        : "memory", "t0" VCLOBBERS("v8", "v9", "vl", "vtype"));
     r[0] = vl0; r[1] = vt0; r[2] = vl1; r[3] = vt1;
 }}
 """
@@ -238,7 +251,7 @@ def test_all_variants_match_numpy(exe):
 
 def test_vl_vtype_preserved(exe):
     vl0, vt0, vl1, vt1, count = map(int, toolchain.run(exe, ["vtype"]).stdout.split())
-    assert (vl0, vt0) == (7, 0x40)  # vsetivli 7, e8, m1, ta, mu
+    assert (vl0, vt0) == (32, 0x40)  # vl 32, e8, m1, ta, mu: the one legal IME vtype, unusual policy bits
     assert (vl1, vt1) == (vl0, vt0)
     assert count == 1
 

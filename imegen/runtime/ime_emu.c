@@ -79,13 +79,17 @@ static int vmadot_decode(uint32_t w, struct vmadot *d) {
     return 1;
 }
 
-/* The IME spec requires LMUL = 1 (other LMUL must raise illegal instruction), so emulating
- * a vmadot issued under e.g. e32,m2 would hide a bug that real hardware would trap on. */
+/* The IME spec selects the multiply-accumulate unit from vl x SEW and LMUL must be 1; any
+ * other combination must raise illegal instruction (docs/ime-isa.md §5). The K1 has one unit,
+ * the 4x4x8 int8 one: SEW = 8 with vl x SEW = VLEN (vl = 32 at VLEN 256). Emulating a vmadot
+ * issued under e.g. e8 with vl = 16, e16, or e32,m2 would hide a bug real hardware traps on. */
 static int vtype_allows_ime(void) {
-    unsigned long vtype;
+    unsigned long vtype, vl;
     __asm__ volatile(WITH_V("csrr %0, vtype") : "=r"(vtype));
+    __asm__ volatile(WITH_V("csrr %0, vl") : "=r"(vl));
     int vill = (int)(vtype >> (8 * sizeof vtype - 1));
-    return !vill && (vtype & 7) == 0; /* vlmul = 000: LMUL = 1 */
+    unsigned long vsew = vtype >> 3 & 7, vlmul = vtype & 7;
+    return !vill && vlmul == 0 /* LMUL = 1 */ && vsew == 0 /* SEW = 8 */ && vl == VLENB;
 }
 
 static int32_t elem(uint8_t byte, int is_signed) {

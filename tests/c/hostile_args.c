@@ -1,0 +1,61 @@
+/* Calls one generated imegen-ABI kernel's entry points with hostile arguments and prints each
+ * status, one per line, for tests/test_entry_points.py. Build with -DKERNEL_HEADER="x.h" -DP(f)=x_##f,
+ * -DHAS_BIAS=0|1. Under ASan/UBSan any out-of-bounds access or overflow aborts the run. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include KERNEL_HEADER
+#ifdef IME_EMU
+#include "ime_emu.h"
+#endif
+
+#define M0 5
+#define N0 7
+#define K0 40
+
+int main(void) {
+#ifdef IME_EMU
+    imegen_ime_emu_install();
+#endif
+    static uint8_t b[N0 * 2 * 32], zp[N0 * 2];
+    static float scales[N0 * 2], a[M0 * K0], c[M0 * N0], bias[N0];
+    memset(b, 0x88, sizeof b);
+    memset(zp, 0x88, sizeof zp);
+    for (int i = 0; i < N0 * 2; i++) scales[i] = 0.5f;
+    for (int i = 0; i < M0 * K0; i++) a[i] = (float)(i % 7) - 3.0f;
+    for (int i = 0; i < N0; i++) bias[i] = (float)i;
+    const float *bs = HAS_BIAS ? bias : NULL;
+    void *pb = malloc(P(packed_b_size)(N0, K0));
+    void *ws = malloc(P(workspace_size)(M0, K0));
+    P(pack_b)(N0, K0, b, scales, zp, pb);
+    /* sizes: huge dimensions give 0, never a wrapped size */
+    printf("%d\n", P(packed_b_size)(SIZE_MAX / 2, K0) == 0);
+    printf("%d\n", P(packed_b_size)(N0, SIZE_MAX / 2) == 0);
+    printf("%d\n", P(workspace_size)((size_t)-1, K0) == 0);
+    printf("%d\n", P(packed_b_size)(N0, K0) > 0 && P(workspace_size)(M0, K0) > 0);
+    /* matmul statuses */
+    printf("%d\n", P(matmul)(M0, N0, K0, a, K0, pb, bs, c, N0, ws));             /* valid */
+    printf("%d\n", P(matmul)((size_t)-1, N0, K0, a, K0, pb, bs, c, N0, ws));     /* M huge */
+    printf("%d\n", P(matmul)(M0, SIZE_MAX / 2, K0, a, K0, pb, bs, c, N0, ws));   /* N huge */
+    printf("%d\n", P(matmul)(M0, N0, K0, NULL, K0, pb, bs, c, N0, ws));          /* NULL A */
+    printf("%d\n", P(matmul)(M0, N0, K0, a, K0, NULL, bs, c, N0, ws));           /* NULL B */
+    printf("%d\n", P(matmul)(M0, N0, K0, a, K0, pb, bs, NULL, N0, ws));          /* NULL C */
+    printf("%d\n", P(matmul)(M0, N0, K0, a, K0, pb, bs, c, N0, NULL));           /* NULL workspace */
+    printf("%d\n", P(matmul)(M0, N0, K0, a, K0 - 1, pb, bs, c, N0, ws));         /* lda < K */
+    printf("%d\n", P(matmul)(M0, N0, K0, a, K0, pb, bs, c, N0 - 1, ws));         /* ldc < N */
+    printf("%d\n", P(matmul)(M0, N0, K0, a, K0, pb, bs, c, SIZE_MAX / 2, ws));   /* M * ldc overflows */
+    printf("%d\n", P(matmul)(M0, N0, K0, a, K0, pb, HAS_BIAS ? NULL : bias, c, N0, ws)); /* bias mismatch */
+    printf("%d\n", P(matmul)(0, N0, K0, NULL, 0, NULL, bs, NULL, 0, NULL));      /* M = 0: nothing to do */
+    printf("%d\n", P(matmul)(M0, 0, K0, NULL, 0, NULL, bs, NULL, 0, NULL));      /* N = 0: nothing to do */
+    for (int i = 0; i < M0 * N0; i++) c[i] = 99.0f;
+    int st = P(matmul)(M0, N0, 0, NULL, 0, NULL, bs, c, N0, NULL);               /* K = 0: C = bias or 0 */
+    int ok = 1;
+    for (int m = 0; m < M0; m++)
+        for (int n = 0; n < N0; n++)
+            ok &= c[m * N0 + n] == (HAS_BIAS ? bias[n] : 0.0f);
+    printf("%d %d\n", st, ok);
+    free(pb);
+    free(ws);
+    return 0;
+}

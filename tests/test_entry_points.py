@@ -1,0 +1,58 @@
+"""Generated imegen-ABI entry points under hostile arguments (tests/c/hostile_args.c): documented
+status codes, sizes that never wrap, K = 0 defined as C = bias (or 0). The scalar kernels run
+natively under ASan + UBSan (any out-of-bounds access or overflow aborts); the RVV and IME kernels,
+which share the entry templates, run the same calls under QEMU."""
+
+import shutil
+
+import pytest
+
+from imegen import toolchain
+from imegen.ir import specs_from_text
+from imegen.plan import plan_kernel
+from imegen.render import render_kernel
+
+HARNESS = toolchain.RUNTIME_DIR.parent.parent / "tests" / "c" / "hostile_args.c"
+SPEC = """
+kernel s_int8_bias { target = scalar  compute = int8  tile = 4x4  bias = yes }
+kernel s_fp32_sym  { target = scalar  compute = fp32  tile = 4x4  zero_point = symmetric }
+kernel r_fp32      { target = rvv  compute = fp32  tile = 4x16 }
+kernel i_int8_bias { target = ime  compute = int8  tile = 4x8  bias = yes }
+"""
+OK, ERR_ARG = 0, 2
+# One line per call in hostile_args.c, in order.
+EXPECTED = ["1", "1", "1", "1",  # size functions
+            str(OK), *[str(ERR_ARG)] * 10, str(OK), str(OK), f"{OK} 1"]
+
+
+def _build(tmp_path, name, host):
+    (spec,) = [s for s in specs_from_text(SPEC, "hostile.imegen") if s.name == name]
+    plan = plan_kernel(spec)
+    for fname, text in render_kernel(plan, "hostile.imegen").items():
+        (tmp_path / fname).write_text(text)
+    flags = [f'-DKERNEL_HEADER="{name}.h"', f"-DP(f)={name}_##f", f"-DHAS_BIAS={int(spec.bias)}"]
+    exe = tmp_path / name
+    if host:
+        san = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g"]
+        return toolchain.compile_c([tmp_path / f"{name}.c", HARNESS], exe, host=True, include_dirs=[tmp_path],
+                                   extra_flags=san + flags)
+    sources = [tmp_path / f"{name}.c", HARNESS]
+    if spec.target == "ime":
+        sources.append(toolchain.compile_ime_emu(tmp_path / "ime_emu.o"))
+        flags.append("-DIME_EMU")
+    return toolchain.compile_c(sources, exe, march="rv64gcv", include_dirs=[tmp_path, toolchain.RUNTIME_DIR],
+                               extra_flags=flags)
+
+
+@pytest.mark.skipif(shutil.which(toolchain.HOST_CC) is None, reason="no host cc")
+@pytest.mark.parametrize("name", ["s_int8_bias", "s_fp32_sym"])
+def test_scalar_entry_points_under_sanitizers(tmp_path, name):
+    proc = toolchain.run(_build(tmp_path, name, host=True), host=True)
+    assert proc.stdout.decode().splitlines() == EXPECTED
+    assert b"runtime error" not in proc.stderr and b"AddressSanitizer" not in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["r_fp32", "i_int8_bias"])
+def test_vector_entry_points_return_the_same_codes(tmp_path, name):
+    proc = toolchain.run(_build(tmp_path, name, host=False))
+    assert proc.stdout.decode().splitlines() == EXPECTED
