@@ -71,7 +71,8 @@ void q4_prefill_rvv_pack_b(size_t N, size_t K, const uint8_t *b, const float *sc
             const q4_prefill_rvv_chunk ch = q4_prefill_rvv_chunk_at(&bv, n / NB, blk, kb, 0, 0);
             uint8_t *data = (uint8_t *)ch.data;
             ((float *)ch.scale_raw)[c] = scales[n * kb + blk];
-            ((uint8_t *)ch.zp)[c] = (zero_points[n * ((kb + 1) / 2) + blk / 2] >> (blk % 2 * 4)) & 15;
+            ((uint8_t *)ch.zp)[c] = !zero_points ? 8 /* MatMulNBits without zero points */
+                                  : (zero_points[n * ((kb + 1) / 2) + blk / 2] >> (blk % 2 * 4)) & 15;
             const uint8_t *src = b + (n * kb + blk) * 16;
             for (size_t kk = 0; kk < BLK && blk * BLK + kk < K; kk++) {
                 const unsigned code = (src[kk / 2] >> (kk % 2 * 4)) & 15; /* ORT: even k in the low nibble */

@@ -14,15 +14,15 @@ from imegen.render import render_kernel
 
 HARNESS = toolchain.RUNTIME_DIR.parent.parent / "tests" / "c" / "hostile_args.c"
 SPEC = """
-kernel s_int8_bias { target = scalar  compute = int8  tile = 4x4  bias = yes }
+kernel s_int8_bias { target = scalar  compute = int8  tile = 4x4  bias = yes  zero_point = asymmetric }
 kernel s_fp32_sym  { target = scalar  compute = fp32  tile = 4x4  zero_point = symmetric }
 kernel r_fp32      { target = rvv  compute = fp32  tile = 4x16 }
-kernel i_int8_bias { target = ime  compute = int8  tile = 4x8  bias = yes }
+kernel i_int8_bias { target = ime  compute = int8  tile = 4x8  bias = yes  zero_point = asymmetric }
 """
 OK, ERR_ARG = 0, 2
 # One line per call in hostile_args.c, in order.
 EXPECTED = ["1", "1", "1", "1",  # size functions
-            str(OK), *[str(ERR_ARG)] * 10, str(OK), str(OK), f"{OK} 1"]
+            str(OK), *[str(ERR_ARG)] * 10, str(OK), str(OK), f"{OK} 1", f"{OK} {OK} 1"]
 
 
 def _build(tmp_path, name, host):

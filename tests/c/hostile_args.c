@@ -55,6 +55,12 @@ int main(void) {
         for (int n = 0; n < N0; n++)
             ok &= c[m * N0 + n] == (HAS_BIAS ? bias[n] : 0.0f);
     printf("%d %d\n", st, ok);
+    /* NULL zero points: ORT's default 2^(bits-1) (here 8, as in the explicit 0x88 bytes) */
+    static float c1[M0 * N0], c2[M0 * N0];
+    int s1 = P(matmul)(M0, N0, K0, a, K0, pb, bs, c1, N0, ws);
+    P(pack_b)(N0, K0, b, scales, NULL, pb);
+    int s2 = P(matmul)(M0, N0, K0, a, K0, pb, bs, c2, N0, ws);
+    printf("%d %d %d\n", s1, s2, memcmp(c1, c2, sizeof c1) == 0);
     free(pb);
     free(ws);
     return 0;
