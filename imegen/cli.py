@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import Counter
@@ -13,12 +14,17 @@ from .errors import SpecError
 from .ir import load_specs
 from .ort.mlas_abi import plan_dispatch
 from .plan import KernelPlan, plan_kernel
-from .render import march_for, render_spec, write_if_changed
+from .outputs import write_outputs
+from .render import march_for, render_spec
 from .toolchain import ToolchainError, missing_tools
 
 
 def _plans(spec: str, only: list[str] | None = None) -> list[KernelPlan]:
     plans = [plan_kernel(s) for s in load_specs(spec)]
+    return _only(plans, spec, only)
+
+
+def _only(plans: list[KernelPlan], spec: str, only: list[str] | None) -> list[KernelPlan]:
     if only:
         unknown = sorted(set(only) - {p.name for p in plans})
         if unknown:
@@ -28,10 +34,16 @@ def _plans(spec: str, only: list[str] | None = None) -> list[KernelPlan]:
 
 
 def cmd_generate(args) -> int:
-    out = Path(args.output)
-    for name, text in render_spec(_plans(args.spec, args.kernel), args.spec).items():
-        changed = write_if_changed(out / name, text)
-        print(f"{'wrote' if changed else 'unchanged'} {out / name}")
+    if not args.output:
+        raise SpecError(None, "-o/--output is empty; name the folder to write into (e.g. -o generated)")
+    plans = _plans(args.spec)
+    chosen = _only(plans, args.spec, args.kernel)
+    files = render_spec(chosen, args.spec)
+    all_names = set(files) if chosen == plans else set(render_spec(plans, args.spec))
+    # Every file is written before anything is printed: a closed stdout (`| head`) cannot stop it half way.
+    report = write_outputs(Path(args.output), args.spec, files, all_names)
+    for line in report:
+        print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout)
     return 0
 
 
@@ -45,6 +57,8 @@ def cmd_outputs(args) -> int:
 
 
 def cmd_cmake_snippet(args) -> int:
+    if args.spec:
+        load_specs(args.spec)  # a missing or invalid spec is an error now, not at build time
     module = Path(__file__).resolve().parent / "cmake" / "imegen.cmake"
     print(f"""# imegen: generate MatMulNBits kernels at build time (see README, "ONNX Runtime integration")
 include("{module}")
@@ -126,8 +140,9 @@ def cmd_ort_check(args) -> int:
     """Conformance against onnxruntime: ORT's shapes, ORT's quantized bytes, ORT's tolerances."""
     from .ort import ort_check as oc
 
-    if not oc.ort_available():
-        print("error: imegen ort-check needs onnxruntime and onnx (python3 -m pip install -e '.[test]')", file=sys.stderr)
+    problem = oc.ort_import_problem()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     missing = missing_tools()
     if missing:
@@ -152,6 +167,19 @@ def cmd_ort_check(args) -> int:
     return 1 if failed else 0
 
 
+def _count(low: int):
+    """argparse type: an integer >= low (a seed for NumPy, a number of jobs)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="imegen", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -160,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("-o", "--output", default="generated")
     c = sub.add_parser("check", help="generate, compile, run under QEMU, compare to NumPy")
     c.add_argument("spec")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=_count(0), default=0)
     sub.add_parser("list", help="one line per kernel").add_argument("spec")
     e = sub.add_parser("explain", help="show the lowered plan: layouts, registers, instruction mix")
     e.add_argument("spec")
@@ -171,23 +199,38 @@ def main(argv: list[str] | None = None) -> int:
     o = sub.add_parser("ort-check", help="conformance against onnxruntime: ORT's shapes, quantizer and tolerances")
     o.add_argument("spec", nargs="?", help="kernels to check (default: a built-in set covering every target)")
     o.add_argument("--full", action="store_true", help="ORT's whole shape grid (default: the fast CI subset)")
-    o.add_argument("-j", "--jobs", type=int, default=None, help="parallel builds/QEMU runs (default: CPU count)")
+    o.add_argument("-j", "--jobs", type=_count(1), default=None, help="parallel builds/QEMU runs (default: CPU count)")
     o.add_argument("-k", "--kernel", action="append", help="only this kernel of SPEC (repeatable)")
     from .perf.cli import COMMANDS as PERF_COMMANDS, add_perf_commands, run_perf_command  # bench, tune
     add_perf_commands(sub)
     args = parser.parse_args(argv)
-    if args.command in PERF_COMMANDS:
-        return run_perf_command(args)
     handler = {"generate": cmd_generate, "check": cmd_check, "list": cmd_list, "explain": cmd_explain,
-               "ort-check": cmd_ort_check, "outputs": cmd_outputs, "cmake-snippet": cmd_cmake_snippet}[args.command]
+               "ort-check": cmd_ort_check, "outputs": cmd_outputs, "cmake-snippet": cmd_cmake_snippet}
     try:
-        return handler(args)
+        if args.command in PERF_COMMANDS:
+            return run_perf_command(args)
+        return handler[args.command](args)
     except SpecError as e:
         print(e, file=sys.stderr)
         return 2
+    except BrokenPipeError:  # stdout closed early (`imegen list SPEC | head`): stop quietly
+        _silence_stdout()
+        return 0
     except (ToolchainError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (tests capture it)
+        pass
 
 
 if __name__ == "__main__":

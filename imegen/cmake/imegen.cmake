@@ -11,7 +11,12 @@
 # The interpreter with imegen installed: IMEGEN_PYTHON, else Python3_EXECUTABLE / find_package(Python3).
 
 get_filename_component(IMEGEN_PACKAGE_DIR "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
-get_filename_component(IMEGEN_TEMPLATE_DIR "${IMEGEN_PACKAGE_DIR}/../templates" ABSOLUTE)
+# templates/ and grammar/: inside the package when installed from a wheel, at the repository root in a checkout.
+if(EXISTS "${IMEGEN_PACKAGE_DIR}/templates")
+  set(IMEGEN_DATA_DIR "${IMEGEN_PACKAGE_DIR}")
+else()
+  get_filename_component(IMEGEN_DATA_DIR "${IMEGEN_PACKAGE_DIR}/.." ABSOLUTE)
+endif()
 
 function(imegen_generate target)
   cmake_parse_arguments(ARG "ORT_GLUE" "SPEC;OUTPUT_DIR;DEFINE" "" ${ARGN})
@@ -68,8 +73,8 @@ function(imegen_generate target)
     endif()
   endforeach()
 
-  file(GLOB templates "${IMEGEN_TEMPLATE_DIR}/*.j2")
-  file(GLOB generator "${IMEGEN_PACKAGE_DIR}/*.py" "${IMEGEN_PACKAGE_DIR}/../grammar/*.lark")
+  file(GLOB templates "${IMEGEN_DATA_DIR}/templates/*.j2")
+  file(GLOB generator "${IMEGEN_PACKAGE_DIR}/*.py" "${IMEGEN_PACKAGE_DIR}/ort/*.py" "${IMEGEN_DATA_DIR}/grammar/*.lark")
   add_custom_command(
     OUTPUT ${outputs}
     COMMAND "${IMEGEN_PYTHON}" -m imegen generate "${spec}" -o "${ARG_OUTPUT_DIR}"
