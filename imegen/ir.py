@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import Span, SpecError
-from .names import dispatch_files, dispatch_prefix
+from .names import dispatch_files, dispatch_prefix, reserved_names
 from .parse import Block, Setting, parse_file, parse_text
 
 VECTOR_REGISTERS = 32
@@ -74,6 +74,8 @@ _CHOICES: dict[str, tuple[str, object]] = {
 TILE_MAX = 256  # rvv at VLEN 1024 holds at most 256 fp32 columns (LMUL 8); scalar at most 256 accumulators
 TILE_RANGE = (1, TILE_MAX, "no target holds more than 256 accumulator rows or columns in registers")
 PANEL_RANGE = (1, TILE_MAX, "a panel is a multiple of the tile width (at most 256), and wider panels only pad N")
+
+MAX_NAME = 200  # kernel names: file names are at most 255 bytes, and build folders add a suffix
 
 MLAS_N_ALIGN = 16  # MLAS_QGEMM_STRIDEN_THREAD_ALIGN: MLAS hands kernels column ranges starting at multiples of 16
 
@@ -249,6 +251,12 @@ def specs_from_blocks(blocks: list[Block], filename: str | None = None) -> list[
             continue
         if block.name in names:
             raise SpecError(block.span, f"kernel '{block.name}' is already defined at {names[block.name]}")
+        if len(block.name) > MAX_NAME:
+            raise SpecError(block.span, f"kernel name of {len(block.name)} characters; at most {MAX_NAME} (its files, "
+                            "and imegen's build folders named after it, must stay within 255-byte file names)")
+        if block.name.lower() in reserved_names():
+            raise SpecError(block.span, f"kernel name '{block.name}' is reserved: imegen would put "
+                            f"{reserved_names()[block.name.lower()]} next to the kernel's files")
         twin = next((n for n in names if n.lower() == block.name.lower()), None)
         if twin:
             raise SpecError(block.span, f"kernel '{block.name}' differs from '{twin}' ({names[twin]}) only in case: their "

@@ -143,6 +143,20 @@ def test_kernel_names_differing_only_in_case():
     assert_error(text, "5:1", "kernel 'Foo' differs from 'foo' (t.imegen:1:1) only in case")
 
 
+@pytest.mark.parametrize("name, what", [("driver", "the test driver"), ("IME_emu", "ime_emu.h"),
+                                        ("bench_markers", "bench_markers.h"), ("mlas_driver", "mlas_driver.c"),
+                                        ("dispatch", "dispatch.o"), ("stdint", "shadow <stdint.h>"),
+                                        ("Math", "shadow <math.h>")])
+def test_kernel_names_the_harness_uses_are_reserved(name, what):
+    # `imegen check` builds driver.c next to the kernel's files; runtime headers are on the include path
+    assert_error(kernel(name=name), "1:1", f"kernel name '{name}' is reserved", what)
+
+
+def test_kernel_name_length():
+    assert specs_from_text(kernel(name="k" * 200), FILE)[0].name == "k" * 200
+    assert_error(kernel(name="k" * 201), "1:1", "kernel name of 201 characters; at most 200")
+
+
 MLAS_GEMV = ("abi = mlas", "compute = int8", "op = gemv", "tile = 1x16")
 
 

@@ -38,7 +38,7 @@ SMALL = [
 CORPUS = [(ROOT / "examples" / "qwen_mlp.imegen").read_text(), (ROOT / "examples" / "ort_mlas.imegen").read_text(), *SMALL]
 TOKEN = re.compile(r"\s+|#[^\n]*|[A-Za-z0-9_]+|.", re.S)
 SNIPPETS = ["{", "}", "=", ";", "kernel", "defaults", "x", "0", "4x", "x16", "256", "9" * 40, "\n", "#", "\t",
-            "tile = 16x16", "panel = 1", "abi = mlas", "qwen_mlp_dispatch", "Q4_prefill_ime", "\u00e9", "\ufeff", "\x00"]
+            "tile = 16x16", "panel = 1", "abi = mlas", "qwen_mlp_dispatch", "Q4_prefill_ime", "driver", "stdint", "k" * 300, "\u00e9", "\ufeff", "\x00"]
 POSITIONED = re.compile(r"[^\n]+:\d+:\d+: error: [^\n]+\n")
 
 
