@@ -34,8 +34,6 @@ def _only(plans: list[KernelPlan], spec: str, only: list[str] | None) -> list[Ke
 
 
 def cmd_generate(args) -> int:
-    if not args.output:
-        raise SpecError(None, "-o/--output is empty; name the folder to write into (e.g. -o generated)")
     plans = _plans(args.spec)
     chosen = _only(plans, args.spec, args.kernel)
     files = render_spec(chosen, args.spec)
@@ -180,12 +178,19 @@ def _count(low: int):
     return parse
 
 
+def _folder(text: str) -> str:
+    """argparse type: a non-empty folder name (an empty one would mean the current folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError("is empty; name the folder to write into (e.g. -o generated)")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="imegen", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="write each kernel's .c and .h")
     g.add_argument("spec")
-    g.add_argument("-o", "--output", default="generated")
+    g.add_argument("-o", "--output", type=_folder, default="generated")
     c = sub.add_parser("check", help="generate, compile, run under QEMU, compare to NumPy")
     c.add_argument("spec")
     c.add_argument("--seed", type=_count(0), default=0)

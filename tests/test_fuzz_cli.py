@@ -93,7 +93,7 @@ def assert_clean_outcome(code: int, out: str, err: str, spec: Path) -> None:
     assert POSITIONED.fullmatch(err) and err.startswith(f"{spec}:"), err
 
 
-FAST = settings(max_examples=1500 if DEEP else 150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+FAST = settings(max_examples=3000 if DEEP else 300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 
 
 @FAST
@@ -115,7 +115,7 @@ def _compilers(target: str) -> list[str]:
 
 
 @pytest.mark.skipif(bool(toolchain.missing_tools()), reason="needs the cross toolchains and qemu-riscv64")
-@settings(max_examples=40 if DEEP else 3, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+@settings(max_examples=40 if DEEP else 5, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
           deadline=None)
 @given(mutated(max_ops=2).filter(lambda data: b"kernel" in data))
 def test_accepted_mutations_compile_warning_free(data):
