@@ -212,9 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     handler = {"generate": cmd_generate, "check": cmd_check, "list": cmd_list, "explain": cmd_explain,
                "ort-check": cmd_ort_check, "outputs": cmd_outputs, "cmake-snippet": cmd_cmake_snippet}
     try:
-        if args.command in PERF_COMMANDS:
-            return run_perf_command(args)
-        return handler[args.command](args)
+        run = run_perf_command if args.command in PERF_COMMANDS else handler[args.command]
+        code = run(args)
+        sys.stdout.flush()  # here, so that a closed pipe is caught below and not at interpreter exit
+        return code
     except SpecError as e:
         print(e, file=sys.stderr)
         return 2
