@@ -259,6 +259,19 @@ def test_removed_kernel_files_are_removed_foreign_files_kept(capsys, tmp_path):
     assert code == 0 and not any(line.startswith("removed") for line in out.splitlines()) and (out_dir / "d.c").exists()
 
 
+def test_a_file_taken_over_by_another_spec_is_reported(capsys, tmp_path):
+    a, b, out_dir = tmp_path / "a.imegen", tmp_path / "b.imegen", tmp_path / "out"
+    a.write_text("kernel k {}\nkernel only_a {}\n")
+    b.write_text("kernel k { bits = 8 }\n")
+    run(capsys, "generate", str(a), "-o", str(out_dir))
+    code, out, err = run(capsys, "generate", str(b), "-o", str(out_dir))
+    assert code == 0
+    assert f"warning: {out_dir / 'k.c'} was generated from a.imegen; it now comes from b.imegen" in err
+    a.write_text("kernel only_a {}\n")  # a no longer owns k.*: regenerating it must not delete b's files
+    code, out, err = run(capsys, "generate", str(a), "-o", str(out_dir))
+    assert code == 0 and (out_dir / "k.c").exists() and "bits=8" in (out_dir / "k.c").read_text()
+
+
 class _ClosedPipe:
     def write(self, text):
         raise BrokenPipeError(32, "Broken pipe")

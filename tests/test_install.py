@@ -76,5 +76,9 @@ def test_wheel_from_sdist_installs_and_runs_outside_the_checkout(tmp_path):
     run(imegen, "generate", EXAMPLE.name, "-o", "out", cwd=work, env=env)
     assert sorted(p.name for p in (work / "out").glob("*.[ch]")) == sorted(
         f"{k}.{e}" for k in ("q4_prefill_ime", "q4_decode_ime", "q4_prefill_rvv", "q4_decode_scalar") for e in "ch")
+    snippet = run(imegen, "cmake-snippet", EXAMPLE.name, cwd=work, env=env).stdout
+    (module,) = re.findall(r'include\("([^"]+)"\)', snippet)
+    assert Path(module).is_file() and module.startswith(str(tmp_path / "venv")), snippet
+    assert (Path(module).parent.parent / "templates" / "kernel.c.j2").is_file()  # where imegen.cmake looks first
     r = run(imegen, "check", EXAMPLE.name, cwd=work, env=env)  # exit 0: every build passed
     assert re.search(r"\n(\d+) of \1 builds passed", r.stdout) and "FAIL" not in r.stdout, r.stdout
