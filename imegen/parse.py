@@ -62,9 +62,10 @@ def _describe(expected: set[str]) -> str:
 
 
 def _end_of(text: str) -> tuple[int, int]:
-    """Line and column just past the last character of the last line (where an open block ends)."""
-    lines = text.splitlines() or [""]
-    return len(lines), len(lines[-1]) + 1
+    """Line and column just past the last character of the last line (where an open block ends);
+    lines end at '\n' only, as Lark counts them."""
+    body = text[:-1] if text.endswith("\n") else text
+    return body.count("\n") + 1, len(body) - body.rfind("\n")
 
 
 def parse_text(text: str, filename: str = "<spec>") -> list[Block]:

@@ -91,6 +91,9 @@ def assert_clean_outcome(code: int, out: str, err: str, spec: Path) -> None:
     assert code == 2, (code, out, err)
     assert out == ""
     assert POSITIONED.fullmatch(err) and err.startswith(f"{spec}:"), err
+    line, col = map(int, err[len(f"{spec}:"):].split(":")[:2])
+    lines = spec.read_bytes().split(b"\n")
+    assert 1 <= line <= len(lines) and 1 <= col <= len(lines[line - 1]) + 1, err  # a place in the file
 
 
 FAST = settings(max_examples=3000 if DEEP else 300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
