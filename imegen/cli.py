@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import Counter
@@ -13,13 +14,18 @@ from .errors import SpecError
 from .ir import load_specs
 from .ort.mlas_abi import DEFAULT_PIN, PINS, plan_dispatch
 from .plan import KernelPlan, plan_kernel
-from .render import march_for, render_spec, write_if_changed
 from .ort.ort_tree import OrtTreeError
+from .outputs import write_if_changed, write_outputs
+from .render import march_for, render_spec
 from .toolchain import ToolchainError, missing_tools
 
 
 def _plans(spec: str, only: list[str] | None = None) -> list[KernelPlan]:
     plans = [plan_kernel(s) for s in load_specs(spec)]
+    return _only(plans, spec, only)
+
+
+def _only(plans: list[KernelPlan], spec: str, only: list[str] | None) -> list[KernelPlan]:
     if only:
         unknown = sorted(set(only) - {p.name for p in plans})
         if unknown:
@@ -29,10 +35,14 @@ def _plans(spec: str, only: list[str] | None = None) -> list[KernelPlan]:
 
 
 def cmd_generate(args) -> int:
-    out = Path(args.output)
-    for name, text in render_spec(_plans(args.spec, args.kernel), args.spec, args.ort).items():
-        changed = write_if_changed(out / name, text)
-        print(f"{'wrote' if changed else 'unchanged'} {out / name}")
+    plans = _plans(args.spec)
+    chosen = _only(plans, args.spec, args.kernel)
+    files = render_spec(chosen, args.spec, args.ort)
+    all_names = set(files) if chosen == plans else set(render_spec(plans, args.spec, args.ort))
+    # Every file is written before anything is printed: a closed stdout (`| head`) cannot stop it half way.
+    report = write_outputs(Path(args.output), args.spec, files, all_names)
+    for line in report:
+        print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout)
     return 0
 
 
@@ -46,6 +56,8 @@ def cmd_outputs(args) -> int:
 
 
 def cmd_cmake_snippet(args) -> int:
+    if args.spec:
+        load_specs(args.spec)  # a missing or invalid spec is an error now, not at build time
     module = Path(__file__).resolve().parent / "cmake" / "imegen.cmake"
     print(f"""# imegen: generate MatMulNBits kernels at build time (see README, "ONNX Runtime integration")
 include("{module}")
@@ -158,8 +170,9 @@ def cmd_ort_check(args) -> int:
     """Conformance against onnxruntime: ORT's shapes, ORT's quantized bytes, ORT's tolerances."""
     from .ort import ort_check as oc
 
-    if not oc.ort_available():
-        print("error: imegen ort-check needs onnxruntime and onnx (python3 -m pip install -e '.[test]')", file=sys.stderr)
+    problem = oc.ort_import_problem()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     missing = missing_tools()
     if missing:
@@ -184,17 +197,37 @@ def cmd_ort_check(args) -> int:
     return 1 if failed else 0
 
 
+def _count(low: int):
+    """argparse type: an integer >= low (a seed for NumPy, a number of jobs)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    return parse
+
+
+def _folder(text: str) -> str:
+    """argparse type: a non-empty folder name (an empty one would mean the current folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError("is empty; name the folder to write into (e.g. -o generated)")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="imegen", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="write each kernel's .c and .h")
     g.add_argument("spec")
-    g.add_argument("-o", "--output", default="generated")
+    g.add_argument("-o", "--output", type=_folder, default="generated")
     g.add_argument("--ort", default=DEFAULT_PIN, choices=sorted(PINS),
                    help=f"ORT version the MLAS glue is pinned to (default {DEFAULT_PIN}; see imegen/ort/mlas_abi.py)")
     c = sub.add_parser("check", help="generate, compile, run under QEMU, compare to NumPy")
     c.add_argument("spec")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=_count(0), default=0)
     sub.add_parser("list", help="one line per kernel").add_argument("spec")
     e = sub.add_parser("explain", help="show the lowered plan: layouts, registers, instruction mix")
     e.add_argument("spec")
@@ -207,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     o = sub.add_parser("ort-check", help="conformance against onnxruntime: ORT's shapes, quantizer and tolerances")
     o.add_argument("spec", nargs="?", help="kernels to check (default: a built-in set covering every target)")
     o.add_argument("--full", action="store_true", help="ORT's whole shape grid (default: the fast CI subset)")
-    o.add_argument("-j", "--jobs", type=int, default=None, help="parallel builds/QEMU runs (default: CPU count)")
+    o.add_argument("-j", "--jobs", type=_count(1), default=None, help="parallel builds/QEMU runs (default: CPU count)")
     o.add_argument("-k", "--kernel", action="append", help="only this kernel of SPEC (repeatable)")
     from .ort import qwen
     qwen.add_arguments(sub.add_parser("qwen-model", help="write a Qwen2.5-0.5B-architecture ONNX model (random weights, "
@@ -227,25 +260,36 @@ def main(argv: list[str] | None = None) -> int:
     from .ort.commands import COMMANDS as ORT_COMMANDS, add_commands as add_ort_commands, run_command as run_ort_command
     add_ort_commands(sub)  # ort-library, ort-rewrite, ort-model-check
     args = parser.parse_args(argv)
-    if args.command in PERF_COMMANDS:
-        return run_perf_command(args)
-    if args.command in ORT_COMMANDS:
-        try:
-            return run_ort_command(args)
-        except SpecError as e:
-            print(e, file=sys.stderr)
-            return 2
     handler = {"generate": cmd_generate, "check": cmd_check, "list": cmd_list, "explain": cmd_explain,
                "ort-check": cmd_ort_check, "outputs": cmd_outputs, "cmake-snippet": cmd_cmake_snippet,
-               "qwen-model": qwen.run_command, "ort-patch": cmd_ort_patch, "ort-mlas-test": cmd_ort_mlas_test}[args.command]
+               "qwen-model": qwen.run_command, "ort-patch": cmd_ort_patch, "ort-mlas-test": cmd_ort_mlas_test}
     try:
-        return handler(args)
+        run = (run_perf_command if args.command in PERF_COMMANDS else run_ort_command if args.command in ORT_COMMANDS
+               else handler[args.command])
+        code = run(args)
+        sys.stdout.flush()  # here, so that a closed pipe is caught below and not at interpreter exit
+        return code
     except SpecError as e:
         print(e, file=sys.stderr)
         return 2
+    except BrokenPipeError:  # stdout closed early (`imegen list SPEC | head`): stop quietly
+        _silence_stdout()
+        return 0
     except (ToolchainError, OSError, OrtTreeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (tests capture it)
+        pass
 
 
 if __name__ == "__main__":

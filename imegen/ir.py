@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import Span, SpecError
+from .names import dispatch_files, dispatch_prefix, reserved_names
 from .parse import Block, Setting, parse_file, parse_text
 
 VECTOR_REGISTERS = 32
@@ -60,14 +61,21 @@ _CHOICES: dict[str, tuple[str, object]] = {
     "compute": ("compute", ("fp32", "int8")),
     "target": ("target", ("ime", "rvv", "scalar")),
     "vlen": ("vlen", (128, 256, 512, 1024)),
-    "tile": ("tile", tuple),
+    "tile": ("tile", tuple),  # each dimension in TILE_RANGE
     "k_unroll": ("k_unroll", (1, 2, 4, 8)),
     "unpack": ("unpack", ("planar", "interleaved")),
-    "panel": ("panel", int),
+    "panel": ("panel", int),  # in PANEL_RANGE
     "scales": ("scales", ("inline", "separate")),
     "abi": ("abi", ("imegen", "mlas")),
     "scale_type": ("scale_type", ("fp32", "fp16")),
 }
+
+# Ranges of the free-form numbers (the other numeric settings are choices above), with why.
+TILE_MAX = 256  # rvv at VLEN 1024 holds at most 256 fp32 columns (LMUL 8); scalar at most 256 accumulators
+TILE_RANGE = (1, TILE_MAX, "no target holds more than 256 accumulator rows or columns in registers")
+PANEL_RANGE = (1, TILE_MAX, "a panel is a multiple of the tile width (at most 256), and wider panels only pad N")
+
+MAX_NAME = 200  # kernel names: file names are at most 255 bytes, and build folders add a suffix
 
 MLAS_N_ALIGN = 16  # MLAS_QGEMM_STRIDEN_THREAD_ALIGN: MLAS hands kernels column ranges starting at multiples of 16
 
@@ -90,14 +98,22 @@ def _check_value(s: Setting):
             raise SpecError(s.value_span, f"'{s.key}' expects a tile MxN such as 4x16, got {_shown(s.value)}")
         if min(s.value) < 1:
             raise SpecError(s.value_span, f"tile dimensions must be positive, got {s.value[0]}x{s.value[1]}")
+        _check_range(s, "tile dimensions", max(s.value), TILE_RANGE)
         return s.value
     if allowed is int:
         if not isinstance(s.value, int) or s.value < 1:
             raise SpecError(s.value_span, f"'{s.key}' expects a positive integer, got {_shown(s.value)}")
+        _check_range(s, f"'{s.key}'", s.value, PANEL_RANGE)
         return s.value
     if s.value not in allowed:
         raise SpecError(s.value_span, f"'{s.key}' must be one of: {_fmt(allowed)}; got {_shown(s.value)}")
     return s.value
+
+
+def _check_range(s: Setting, what: str, value: int, limits: tuple[int, int, str]) -> None:
+    low, high, why = limits
+    if not low <= value <= high:
+        raise SpecError(s.value_span, f"{what} must be {low}..{high}, got {_shown(s.value)}: {why}")
 
 
 def _collect(settings: tuple[Setting, ...], into: dict[str, Setting]) -> None:
@@ -259,6 +275,16 @@ def specs_from_blocks(blocks: list[Block], filename: str | None = None) -> list[
             continue
         if block.name in names:
             raise SpecError(block.span, f"kernel '{block.name}' is already defined at {names[block.name]}")
+        if len(block.name) > MAX_NAME:
+            raise SpecError(block.span, f"kernel name of {len(block.name)} characters; at most {MAX_NAME} (its files, "
+                            "and imegen's build folders named after it, must stay within 255-byte file names)")
+        if block.name.lower() in reserved_names():
+            raise SpecError(block.span, f"kernel name '{block.name}' is reserved: imegen would put "
+                            f"{reserved_names()[block.name.lower()]} next to the kernel's files")
+        twin = next((n for n in names if n.lower() == block.name.lower()), None)
+        if twin:
+            raise SpecError(block.span, f"kernel '{block.name}' differs from '{twin}' ({names[twin]}) only in case: their "
+                            "files would collide on case-insensitive file systems (and their include guards everywhere)")
         names[block.name] = block.span
         own: dict[str, Setting] = {}
         _collect(block.settings, own)
@@ -266,7 +292,27 @@ def specs_from_blocks(blocks: list[Block], filename: str | None = None) -> list[
     if not specs:
         where = blocks[0].span if blocks else (Span(filename, 1, 1) if filename else None)
         raise SpecError(where, "the spec defines no kernel")
+    if filename is not None and any(s.abi == "mlas" for s in specs):
+        _check_dispatch_names(specs, filename)
     return specs
+
+
+def _check_dispatch_names(specs: list[KernelSpec], filename: str) -> None:
+    """The MLAS dispatch's files and symbol prefix come from the spec's file name: no kernel may
+    produce the same file stem (in any case) or the same C symbols."""
+    prefix = dispatch_prefix(filename)
+    files: dict[str, list[str]] = {}
+    for f in dispatch_files(prefix):
+        files.setdefault(Path(f).stem.lower(), []).append(f)
+    for spec in specs:
+        if spec.name.lower() in files:
+            clash = f"the MLAS dispatch's {' and '.join(files[spec.name.lower()])}"
+        elif spec.name == prefix[:-1]:
+            clash = f"the MLAS dispatch's C symbols ({prefix}supported, ...)"
+        else:
+            continue
+        raise SpecError(spec.source, f"kernel '{spec.name}' would collide with {clash}, which {Path(filename).name} "
+                        f"generates for its abi = mlas kernels: rename the kernel")
 
 
 def load_specs(path: str | Path) -> list[KernelSpec]:

@@ -12,8 +12,12 @@ from pathlib import Path
 import lark
 
 from .errors import Span, SpecError
+from .paths import shipped
 
-GRAMMAR = Path(__file__).resolve().parent.parent / "grammar" / "imegen.lark"
+GRAMMAR = shipped("grammar") / "imegen.lark"
+# No setting takes a number anywhere near this long; longer literals are refused here, before int()
+# (which refuses more than 4300 digits) and before ir.py's range checks.
+MAX_DIGITS = 30
 
 # Human names for the grammar's terminals, used in "expected ..." messages.
 _TERMINAL_NAMES = {
@@ -57,24 +61,45 @@ def _describe(expected: set[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
+def _end_of(text: str) -> tuple[int, int]:
+    """Line and column just past the last character of the last line (where an open block ends);
+    lines end at '\n' only, as Lark counts them."""
+    body = text[:-1] if text.endswith("\n") else text
+    return body.count("\n") + 1, len(body) - body.rfind("\n")
+
+
 def parse_text(text: str, filename: str = "<spec>") -> list[Block]:
     try:
         tree = _parser().parse(text)
     except lark.UnexpectedToken as e:
-        got = "end of file" if e.token.type == "$END" else repr(str(e.token))
-        raise SpecError(Span(filename, e.line, e.column), f"expected {_describe(e.expected)}, got {got}") from None
+        if e.token.type == "$END":  # an open block: report where the file ends, not at its last token
+            raise SpecError(Span(filename, *_end_of(text)), f"unexpected end of file, expected {_describe(e.expected)}") from None
+        raise SpecError(Span(filename, e.line, e.column), f"expected {_describe(e.expected)}, got {str(e.token)!r}") from None
     except lark.UnexpectedCharacters as e:
         expected = f"; expected {_describe(e.allowed)}" if e.allowed else ""
         raise SpecError(Span(filename, e.line, e.column), f"unexpected character {text[e.pos_in_stream]!r}{expected}") from None
     except lark.UnexpectedEOF as e:
-        lines = text.splitlines() or [""]
-        raise SpecError(Span(filename, len(lines), len(lines[-1]) + 1), f"unexpected end of file; expected {_describe(set(e.expected))}") from None
+        raise SpecError(Span(filename, *_end_of(text)), f"unexpected end of file, expected {_describe(set(e.expected))}") from None
     return [_block(node, filename) for node in tree.children]
+
+
+def decode(data: bytes, filename: str) -> str:
+    """Spec bytes -> text. Specs are UTF-8 (a leading byte-order mark is allowed); anything else is
+    refused at the first byte that is not UTF-8."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        bad = e.start
+    line_start = data.rfind(b"\n", 0, bad) + 1
+    line = data.count(b"\n", 0, bad) + 1
+    column = len(data[line_start:bad].decode("utf-8-sig" if line_start == 0 else "utf-8")) + 1
+    hint = " (this looks like UTF-16: save the spec as UTF-8)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+    raise SpecError(Span(filename, line, column), f"byte 0x{data[bad]:02x} is not UTF-8 text; specs must be UTF-8{hint}")
 
 
 def parse_file(path: str | Path) -> list[Block]:
     path = Path(path)
-    return parse_text(path.read_text(), str(path))
+    return parse_text(decode(path.read_bytes(), str(path)), str(path))
 
 
 def _span(filename: str, tok) -> Span:
@@ -88,14 +113,20 @@ def _block(node: lark.Tree, filename: str) -> Block:
     return Block(str(node.data), name, settings, Span(filename, node.meta.line, node.meta.column))
 
 
+def _int(text: str, filename: str, tok) -> int:
+    if len(text) > MAX_DIGITS:
+        raise SpecError(_span(filename, tok), f"integer literal with {len(text)} digits; no setting takes more than {MAX_DIGITS}")
+    return int(text)
+
+
 def _setting(node: lark.Tree, filename: str) -> Setting:
     key, value_node = node.children
     tok = value_node.children[0]
     if value_node.data == "tile":
         m, n = str(tok).split("x")
-        value: int | str | tuple[int, int] = (int(m), int(n))
+        value: int | str | tuple[int, int] = (_int(m, filename, tok), _int(n, filename, tok))
     elif value_node.data == "int":
-        value = int(tok)
+        value = _int(str(tok), filename, tok)
     else:
         value = str(tok)
     return Setting(str(key), value, _span(filename, key), _span(filename, tok))

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
 from pathlib import Path
 
 import jinja2
 
 from . import __version__
+from .errors import SpecError
+from .names import dispatch_files, kernel_files
 from .ort import mlas_abi
+from .paths import shipped
 from .plan import KernelPlan
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = shipped("templates")
 _TYPE_PREFIX = {"f": "vfloat", "i": "vint", "u": "vuint"}
 
 
@@ -31,19 +35,32 @@ def _env() -> jinja2.Environment:
     )
     env.filters["vtype"] = vector_type
     env.globals["version"] = __version__
+    env.globals["templates_hash"] = templates_hash()
     return env
 
 
+@lru_cache(maxsize=1)
+def templates_hash() -> str:
+    """Identifies the templates in generated headers: the generator's output changes with them."""
+    h = hashlib.sha256()
+    for path in sorted(TEMPLATES.glob("*.j2")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _shown_name(spec_file: str) -> str:
+    """The spec as headers name it: its file name only, so output does not depend on where it is built."""
+    return Path(spec_file).name
+
+
 def _render(template: str, plan: KernelPlan, spec_file: str) -> str:
-    return _env().get_template(template).render(plan=plan, P=f"{plan.name}_", spec_file=spec_file)
+    return _env().get_template(template).render(plan=plan, P=f"{plan.name}_", spec_file=_shown_name(spec_file))
 
 
 def render_kernel(plan: KernelPlan, spec_file: str) -> dict[str, str]:
-    """File name -> contents for one kernel: its .c and .h."""
-    return {
-        f"{plan.name}.h": _render("kernel.h.j2", plan, spec_file),
-        f"{plan.name}.c": _render("kernel.c.j2", plan, spec_file),
-    }
+    """File name -> contents for one kernel: its .h and .c."""
+    header, source = kernel_files(plan.name)
+    return {header: _render("kernel.h.j2", plan, spec_file), source: _render("kernel.c.j2", plan, spec_file)}
 
 
 def render_driver(plan: KernelPlan, spec_file: str) -> str:
@@ -51,28 +68,17 @@ def render_driver(plan: KernelPlan, spec_file: str) -> str:
     return _render("driver.c.j2", plan, spec_file)
 
 
-def write_if_changed(path: Path, text: str) -> bool:
-    """Write only when the text differs, so build systems see no spurious change."""
-    if path.exists() and path.read_text() == text:
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return True
-
-
 def render_dispatch(d: mlas_abi.DispatchPlan, spec_file: str) -> dict[str, str]:
     """The MLAS dispatch for a spec's abi=mlas kernels: C routing, its header, and ORT's C++ glue."""
     ctx = dict(
-        d=d, spec_file=spec_file, entries=mlas_abi.ENTRIES, E={e.member: e for e in mlas_abi.ENTRIES},
+        d=d, spec_file=_shown_name(spec_file), entries=mlas_abi.ENTRIES, E={e.member: e for e in mlas_abi.ENTRIES},
         fp32=mlas_abi.COMPUTE_FP32, int8=mlas_abi.COMPUTE_INT8, slack=mlas_abi.WORKSPACE_SLACK,
         alignment=mlas_abi.WORKSPACE_ALIGNMENT, blksum_alignment=mlas_abi.BLKSUM_ALIGNMENT,
         blksum_columns=mlas_abi.BLKSUM_COLUMNS,
     )
-    return {
-        f"{d.prefix}dispatch.h": _env().get_template("dispatch.h.j2").render(**ctx),
-        f"{d.prefix}dispatch.c": _env().get_template("dispatch.c.j2").render(**ctx),
-        f"{d.prefix}mlas_dispatch.cpp": _env().get_template("mlas_dispatch.cpp.j2").render(**ctx),
-    }
+    names = dispatch_files(d.prefix)
+    templates = ("dispatch.h.j2", "dispatch.c.j2", "mlas_dispatch.cpp.j2")
+    return {name: _env().get_template(t).render(**ctx) for name, t in zip(names, templates)}
 
 
 def march_for(plan: KernelPlan) -> str:
@@ -83,10 +89,15 @@ def march_for(plan: KernelPlan) -> str:
 def render_spec(plans: list[KernelPlan], spec_file: str, ort: str = mlas_abi.DEFAULT_PIN) -> dict[str, str]:
     """Every file `imegen generate` writes for a spec: each kernel's .c/.h, plus the MLAS dispatch
     (its glue for ORT pin `ort`) when the spec has abi=mlas kernels."""
-    files: dict[str, str] = {}
-    for plan in plans:
-        files.update(render_kernel(plan, spec_file))
+    parts = [render_kernel(plan, spec_file) for plan in plans]
     dispatch = mlas_abi.plan_dispatch(plans, spec_file, ort)
     if dispatch:
-        files.update(render_dispatch(dispatch, spec_file))
+        parts.append(render_dispatch(dispatch, spec_file))
+    files: dict[str, str] = {}
+    for part in parts:  # ir.py refuses colliding names; this guards that no output ever overwrites another
+        for name, text in part.items():
+            twin = next((n for n in files if n.lower() == name.lower()), None)
+            if twin:
+                raise SpecError(None, f"{spec_file}: generated files {twin} and {name} collide")
+            files[name] = text
     return files

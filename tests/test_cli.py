@@ -10,6 +10,7 @@ from imegen import toolchain
 from imegen.check import vlens_for
 from imegen.cli import main
 from imegen.ir import load_specs, specs_from_text
+from imegen.outputs import MANIFEST
 from imegen.plan import plan_kernel
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "qwen_mlp.imegen"
@@ -66,11 +67,11 @@ def test_generate_writes_then_reports_unchanged(capsys, tmp_path):
     code, out, err = run(capsys, "generate", str(EXAMPLE), "-o", str(out_dir))
     assert code == 0 and err == ""
     expected = sorted(f"{k}.{ext}" for k in KERNELS for ext in ("c", "h"))
-    assert sorted(p.name for p in out_dir.iterdir()) == expected
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted([*expected, MANIFEST])
     assert sorted(out.splitlines()) == sorted(f"wrote {out_dir / name}" for name in expected)
     for name in expected:
         text = (out_dir / name).read_text()
-        assert text.startswith("/*") and str(EXAMPLE) in text.split("*/", 1)[0]
+        assert text.startswith("/*") and f"from {EXAMPLE.name}." in text.split("*/", 1)[0]
     mtimes = {p.name: p.stat().st_mtime_ns for p in out_dir.iterdir()}
 
     code, out, err = run(capsys, "generate", str(EXAMPLE), "-o", str(out_dir))
@@ -82,7 +83,7 @@ def test_generate_writes_then_reports_unchanged(capsys, tmp_path):
 def test_generate_one_kernel_and_rewrite_after_edit(capsys, tmp_path):
     code, out, _ = run(capsys, "generate", str(EXAMPLE), "-o", str(tmp_path), "-k", "q4_decode_scalar")
     assert code == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["q4_decode_scalar.c", "q4_decode_scalar.h"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST, "q4_decode_scalar.c", "q4_decode_scalar.h"]
     (tmp_path / "q4_decode_scalar.c").write_text("edited by hand\n")
     code, out, _ = run(capsys, "generate", str(EXAMPLE), "-o", str(tmp_path), "-k", "q4_decode_scalar")
     assert code == 0
@@ -161,3 +162,232 @@ def test_check_runs_rvv_kernels_at_some_vlen_they_accept(vlen):
     vlens = vlens_for(plan_kernel(spec))
     assert vlens and all(v >= vlen for v in vlens)
     assert vlen in vlens
+
+
+# --- hostile input and interrupted runs (no traceback: exit 2 with file:line:col, or 130) ---------
+
+SPEC_COMMANDS = [["list"], ["explain"], ["outputs"], ["cmake-snippet"], ["generate", "-o", "{tmp}"],
+                 pytest.param(["check"], marks=NEEDS_TOOLS), pytest.param(["bench", "--mlas"], marks=NEEDS_TOOLS),
+                 pytest.param(["ort-check"], marks=NEEDS_TOOLS)]
+
+
+def _spec_command(command: list[str], spec: Path, tmp_path: Path) -> list[str]:
+    argv = [a.replace("{tmp}", str(tmp_path / "out")) for a in command]
+    return [*argv, str(spec)] if argv[0] == "bench" else [argv[0], str(spec), *argv[1:]]
+
+
+@pytest.mark.parametrize("data, where", [(b"\xff\xfe\x00k", "1:1"), ("kernel k {}".encode("utf-16"), "1:1"),
+                                         (b"kernel k {\n  bits = 4\xff\n}\n", "2:11"), (bytes(range(256)), "2:118")],
+                         ids=["stray-ff", "utf-16", "after-valid-text", "all-bytes"])
+@pytest.mark.parametrize("command", SPEC_COMMANDS)
+def test_non_utf8_spec_exits_2_in_every_command(capsys, tmp_path, command, data, where):
+    if command[0] == "ort-check":
+        from imegen.ort import ort_check
+        if not ort_check.ort_available():
+            pytest.skip("onnxruntime not installed")
+    bad = tmp_path / "bin.imegen"
+    bad.write_bytes(data)
+    code, out, err = run(capsys, *_spec_command(command, bad, tmp_path))
+    assert code == 2 and out == ""
+    assert err.startswith(f"{bad}:{where}: error: byte 0x") and "is not UTF-8" in err, err
+    assert err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", SPEC_COMMANDS)
+def test_huge_integer_exits_2_in_every_command(capsys, tmp_path, command):
+    if command[0] == "ort-check":
+        from imegen.ort import ort_check
+        if not ort_check.ort_available():
+            pytest.skip("onnxruntime not installed")
+    bad = tmp_path / "big.imegen"
+    bad.write_text("kernel k {\n  panel = " + "7" * 4301 + "\n}\n")
+    code, out, err = run(capsys, *_spec_command(command, bad, tmp_path))
+    assert code == 2 and out == ""
+    assert err == f"{bad}:2:11: error: integer literal with 4301 digits; no setting takes more than 30\n"
+
+
+def test_cmake_snippet_refuses_a_missing_or_bad_spec(capsys, tmp_path):
+    code, out, err = run(capsys, "cmake-snippet", str(tmp_path / "missing.imegen"))
+    assert code == 2 and out == "" and err.startswith("error: ") and "missing.imegen" in err
+    code, out, err = run(capsys, "cmake-snippet", str(EXAMPLE))
+    assert code == 0 and "imegen_generate(onnxruntime_mlas SPEC" in out
+
+
+def test_generate_refuses_empty_output_folder(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["generate", str(EXAMPLE), "-o", ""])
+    assert info.value.code == 2
+    assert "error: argument -o/--output: is empty; name the folder" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_comment_edit_rewrites_nothing(capsys, tmp_path):
+    spec = tmp_path / "s.imegen"
+    spec.write_text(EXAMPLE.read_text())
+    run(capsys, "generate", str(spec), "-o", str(tmp_path / "out"))
+    spec.write_text("# a new comment\n# moves every kernel down two lines\n" + EXAMPLE.read_text())
+    code, out, _ = run(capsys, "generate", str(spec), "-o", str(tmp_path / "out"))
+    assert code == 0 and out.splitlines() and all(line.startswith("unchanged ") for line in out.splitlines()), out
+    # ... while a setting change rewrites exactly that kernel's files
+    edited = EXAMPLE.read_text().replace("tile    = 1x8", "tile    = 1x16")
+    assert edited != EXAMPLE.read_text()
+    spec.write_text(edited)
+    code, out, _ = run(capsys, "generate", str(spec), "-o", str(tmp_path / "out"))
+    assert sorted(line for line in out.splitlines() if line.startswith("wrote")) == [
+        f"wrote {tmp_path / 'out' / 'q4_decode_scalar.c'}", f"wrote {tmp_path / 'out' / 'q4_decode_scalar.h'}"]
+
+
+def test_removed_kernel_files_are_removed_foreign_files_kept(capsys, tmp_path):
+    spec, out_dir = tmp_path / "s.imegen", tmp_path / "out"
+    spec.write_text("kernel a {}\nkernel b {}\nkernel c {}\n")
+    run(capsys, "generate", str(spec), "-o", str(out_dir))
+    (out_dir / "mine.c").write_text("int mine;\n")  # a file imegen did not write
+    (out_dir / "c.c").write_text("/* taken over by hand */\n")  # imegen wrote it, but it is no longer imegen's
+    spec.write_text("kernel a {}\n")
+    code, out, err = run(capsys, "generate", str(spec), "-o", str(out_dir))
+    assert code == 0
+    assert f"removed {out_dir / 'b.c'} (no longer generated from s.imegen)" in out.splitlines()
+    assert f"removed {out_dir / 'b.h'} (no longer generated from s.imegen)" in out.splitlines()
+    assert f"warning: {out_dir / 'c.c'} is no longer generated from s.imegen, but has been edited: left in place" in err
+    assert sorted(p.name for p in out_dir.glob("*.[ch]")) == ["a.c", "a.h", "c.c", "mine.c"]
+    # -k generates a subset: the spec's other kernels are not stale
+    spec.write_text("kernel a {}\nkernel d {}\n")
+    run(capsys, "generate", str(spec), "-o", str(out_dir))
+    code, out, _ = run(capsys, "generate", str(spec), "-o", str(out_dir), "-k", "a")
+    assert code == 0 and not any(line.startswith("removed") for line in out.splitlines()) and (out_dir / "d.c").exists()
+
+
+def test_a_file_taken_over_by_another_spec_is_reported(capsys, tmp_path):
+    a, b, out_dir = tmp_path / "a.imegen", tmp_path / "b.imegen", tmp_path / "out"
+    a.write_text("kernel k {}\nkernel only_a {}\n")
+    b.write_text("kernel k { bits = 8 }\n")
+    run(capsys, "generate", str(a), "-o", str(out_dir))
+    code, out, err = run(capsys, "generate", str(b), "-o", str(out_dir))
+    assert code == 0
+    assert f"warning: {out_dir / 'k.c'} was generated from a.imegen; it now comes from b.imegen" in err
+    a.write_text("kernel only_a {}\n")  # a no longer owns k.*: regenerating it must not delete b's files
+    code, out, err = run(capsys, "generate", str(a), "-o", str(out_dir))
+    assert code == 0 and (out_dir / "k.c").exists() and "bits=8" in (out_dir / "k.c").read_text()
+
+
+class _ClosedPipe:
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_generate_into_a_closed_pipe_still_writes_every_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdout", _ClosedPipe())  # `imegen generate ... | head -0`
+    assert main(["generate", str(EXAMPLE), "-o", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.glob("*.[ch]")) == sorted(f"{k}.{e}" for k in KERNELS for e in "ch")
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_list_into_a_closed_pipe_is_quiet(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdout", _ClosedPipe())
+    assert main(["list", str(EXAMPLE)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_interrupted_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    from imegen import outputs
+
+    (tmp_path / "k.c").write_text("old\n")
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(outputs.os, "replace", interrupted)  # Ctrl-C between writing and renaming
+    with pytest.raises(KeyboardInterrupt):
+        outputs.write_if_changed(tmp_path / "k.c", "new\n")
+    assert (tmp_path / "k.c").read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["k.c"]
+
+
+def test_ctrl_c_is_one_line_exit_130(capsys, monkeypatch):
+    import imegen.cli as cli
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "missing_tools", lambda: [])
+    monkeypatch.setattr(cli, "check_kernel", interrupted)
+    code, out, err = run(capsys, "check", str(EXAMPLE))
+    assert code == 130 and out == ""
+    assert err.splitlines()[-1] == "interrupted" and "Traceback" not in err
+
+
+@NEEDS_TOOLS
+def test_sigint_during_check_exits_130_without_traceback(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec = tmp_path / "slow.imegen"  # fresh kernels, so their builds are not cached and take a while
+    spec.write_text("".join(f"kernel k{time.time_ns()}_{i} {{ target = rvv }}\n" for i in range(3)))
+    root = Path(__file__).resolve().parent.parent
+    # As from a terminal: SIGINT at its default (a shell's background job would start with it ignored).
+    p = subprocess.Popen([sys.executable, "-m", "imegen", "check", str(spec)], cwd=root, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    first = p.stderr.readline()  # the progress line: the run is under way
+    assert first.startswith("[1/3]"), first
+    for _ in range(3):  # Python can lose a signal that lands in a finalizer ("Exception ignored"): press again
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(timeout=5)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, (out, err)
+    assert "Traceback" not in err and err.rstrip().splitlines()[-1] == "interrupted", err
+
+
+@NEEDS_TOOLS
+def test_bench_mlas_error_has_one_prefix(capsys):
+    code, out, err = run(capsys, "bench", "--mlas", str(EXAMPLE))
+    assert code == 2
+    assert err == f"error: {EXAMPLE} has no abi = mlas kernels\n"
+
+
+def test_ort_check_with_a_broken_onnxruntime(capsys, monkeypatch):
+    from imegen.ort import ort_check
+
+    def broken():
+        raise RuntimeError("onnxruntime_pybind11_state: undefined symbol")
+
+    monkeypatch.setattr(ort_check, "_ort", broken)
+    code, out, err = run(capsys, "ort-check")
+    assert code == 2 and out == ""
+    assert err == ("error: importing onnxruntime/onnx failed (RuntimeError: onnxruntime_pybind11_state: undefined "
+                   "symbol); reinstall them: python3 -m pip install -e '.[test]'\n")
+
+
+@pytest.mark.parametrize("argv", [["check", str(EXAMPLE), "--seed", "-1"], ["ort-check", "-j", "0"]])
+def test_bad_numeric_options_are_usage_errors(capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert "must be >= " in capsys.readouterr().err
+
+
+@NEEDS_TOOLS
+@pytest.mark.parametrize("stem", ["2layer", "my-spec"])
+def test_spec_file_name_that_is_not_a_c_identifier(capsys, tmp_path, stem):
+    spec = tmp_path / f"{stem}.imegen"
+    spec.write_text("kernel q4_gemv { abi = mlas  compute = int8  op = gemv  target = scalar  tile = 1x16 }\n"
+                    "kernel q4_gemm { abi = mlas  compute = int8  op = gemm  target = scalar  tile = 4x16 }\n")
+    code, out, _ = run(capsys, "generate", str(spec), "-o", str(tmp_path / "out"))
+    assert code == 0
+    prefix = {"2layer": "imegen_2layer_", "my-spec": "my_spec_"}[stem]
+    sources = sorted((tmp_path / "out").glob("*.c"))
+    assert tmp_path / "out" / f"{prefix}dispatch.c" in sources
+    for compiler in ("clang", "gcc"):
+        for src in sources:
+            toolchain.compile_c([src], tmp_path / f"{src.stem}.{compiler}.o", compiler=compiler, march="rv64gc",
+                                include_dirs=[tmp_path / "out"])

@@ -52,8 +52,17 @@ def test_missing_value_before_semicolon():
 
 
 def test_missing_closing_brace_at_eof():
-    # Reported at the last token, where the block was left open.
-    assert_error("kernel k {\n  bits = 4\n", "2:10", "expected", "'}'", "got end of file")
+    # Reported where the file ends (just past its last character), not at the last token.
+    assert_error("kernel k {\n  bits = 4\n", "2:11", "unexpected end of file, expected", "'}'")
+    assert_error("kernel k {\n  bits = 4\n  # the end\n", "3:12", "unexpected end of file, expected", "'}'")
+    assert_error("kernel k {", "1:11", "unexpected end of file, expected", "'}'")
+
+
+def test_integer_literal_too_long():
+    # int() refuses more than 4300 digits with a ValueError; the parser refuses long literals first.
+    assert_error(kernel("panel = " + "9" * 5000), "2:11", "integer literal with 5000 digits")
+    assert_error(kernel("tile = 1x" + "1" * 4400), "2:10", "integer literal with 4400 digits")
+    assert_error(kernel("tile = " + "1" * 4400 + "x16"), "2:10", "integer literal with 4400 digits")
 
 
 def test_stray_character():
@@ -89,6 +98,29 @@ def test_tile_with_zero():
     assert_error(kernel("op = gemm", "tile = 4x0"), "3:10", "tile dimensions must be positive", "4x0")
 
 
+@pytest.mark.parametrize("value", [2**70, 2**40, 257, 4096])
+def test_panel_range(value):
+    assert_error(kernel(f"panel = {value}"), "2:11", "'panel' must be 1..256", f"got {value}", "pad N")
+
+
+@pytest.mark.parametrize("tile", ["1x257", "257x1", f"1x{2**64}", f"{2**40}x{2**40}"])
+def test_tile_range(tile):
+    assert_error(kernel(f"tile = {tile}"), "2:10", "tile dimensions must be 1..256", f"got {tile}", "registers")
+
+
+def test_numeric_range_edges_accepted():
+    assert specs_from_text(kernel("tile = 1x256", "panel = 256"), FILE)[0].panel == 256
+    assert specs_from_text(kernel("op = gemm", "tile = 256x1", "panel = 1"), FILE)[0].tile_m == 256
+
+
+def test_every_numeric_setting_is_bounded():
+    # Each number a spec can set is either a closed choice list or range-checked (none unbounded).
+    from imegen import ir
+
+    for key, (_, allowed) in ir._CHOICES.items():
+        assert isinstance(allowed, tuple) or key in ("tile", "panel"), key
+
+
 def test_tile_needs_tile_syntax():
     assert_error(kernel("tile = 16"), "2:10", "'tile' expects a tile MxN", "4x16")
 
@@ -104,6 +136,49 @@ def test_setting_twice_in_defaults():
 def test_duplicate_kernel_names_first_definition():
     text = kernel("bits = 8", name="a") + "\n" + kernel(name="b") + "\n  " + kernel("bits = 4", name="a")
     assert_error(text, "8:3", "kernel 'a' is already defined at t.imegen:1:1")
+
+
+def test_kernel_names_differing_only_in_case():
+    text = kernel(name="foo") + kernel(name="bar") + kernel(name="Foo")
+    assert_error(text, "5:1", "kernel 'Foo' differs from 'foo' (t.imegen:1:1) only in case")
+
+
+@pytest.mark.parametrize("name, what", [("driver", "the test driver"), ("IME_emu", "ime_emu.h"),
+                                        ("bench_markers", "bench_markers.h"), ("mlas_driver", "mlas_driver.c"),
+                                        ("dispatch", "dispatch.o"), ("stdint", "shadow <stdint.h>"),
+                                        ("Math", "shadow <math.h>")])
+def test_kernel_names_the_harness_uses_are_reserved(name, what):
+    # `imegen check` builds driver.c next to the kernel's files; runtime headers are on the include path
+    assert_error(kernel(name=name), "1:1", f"kernel name '{name}' is reserved", what)
+
+
+def test_kernel_name_length():
+    assert specs_from_text(kernel(name="k" * 200), FILE)[0].name == "k" * 200
+    assert_error(kernel(name="k" * 201), "1:1", "kernel name of 201 characters; at most 200")
+
+
+MLAS_GEMV = ("abi = mlas", "compute = int8", "op = gemv", "tile = 1x16")
+
+
+@pytest.mark.parametrize("name, clash", [("t_dispatch", "t_dispatch.h and t_dispatch.c"), ("T_Dispatch", "t_dispatch.h"),
+                                         ("t_mlas_dispatch", "t_mlas_dispatch.cpp"),
+                                         ("t", "C symbols (t_supported")])
+def test_kernel_colliding_with_the_dispatch_outputs(name, clash):
+    # The dispatch of t.imegen is t_dispatch.{h,c} and t_mlas_dispatch.cpp, its symbols t_*.
+    assert_error(kernel(*MLAS_GEMV, name=name), "1:1", f"kernel '{name}' would collide with", clash, "rename")
+
+
+def test_dispatch_names_are_free_without_mlas_kernels():
+    assert specs_from_text(kernel(name="t_dispatch"), FILE)[0].name == "t_dispatch"
+
+
+@pytest.mark.parametrize("file, prefix", [("2layer.imegen", "imegen_2layer_"), ("my-spec.imegen", "my_spec_"),
+                                          ("dir/ort_mlas.imegen", "ort_mlas_"), ("_x.imegen", "imegen__x_"),
+                                          ("sp\u00ebc.v2.imegen", "sp_c_v2_")])
+def test_dispatch_prefix_is_a_c_identifier(file, prefix):
+    from imegen.names import dispatch_prefix
+
+    assert dispatch_prefix(file) == prefix
 
 
 def test_empty_spec():
@@ -242,3 +317,27 @@ def test_tile_values_are_shown_as_written():
 
     with pytest.raises(SpecError, match=r"'bits' must be one of: 4, 8; got 4x4$"):
         specs_from_text("kernel a { bits = 4x4 }")
+
+
+# --- bytes that are not UTF-8 text -------------------------------------------------------
+
+@pytest.mark.parametrize("data, where, words", [
+    (b"kernel k {\n  bits = 4 \xff\n}\n", "2:12", ["byte 0xff is not UTF-8"]),
+    ("kernel k { }".encode("utf-16"), "1:1", ["byte 0xff", "UTF-16"]),
+    ("kernel k {\n  # caf\u00e9 \u00fc\n".encode() + b"\xc3(", "3:1", ["byte 0xc3"]),
+    ("# \u00fcber\n kernel \u00e9".encode() + b"\x80", "2:10", ["byte 0x80"]),
+])
+def test_non_utf8_spec(tmp_path, data, where, words):
+    path = tmp_path / "bin.imegen"
+    path.write_bytes(data)
+    with pytest.raises(SpecError) as info:
+        load_specs(path)
+    assert str(info.value).startswith(f"{path}:{where}: error: "), str(info.value)
+    for w in words:
+        assert w in info.value.message
+
+
+def test_utf8_byte_order_mark_is_accepted(tmp_path):
+    path = tmp_path / "bom.imegen"
+    path.write_bytes(b"\xef\xbb\xbf" + kernel().encode())
+    assert [s.name for s in load_specs(path)] == ["k"]

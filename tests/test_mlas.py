@@ -1,5 +1,5 @@
 """MLAS ABI: generated kernels + dispatch driven the way ORT's MLAS driver drives them
-(tests/c/mlas_driver.c), against the NumPy reference; validation of dispatch groups; the ORT glue."""
+(imegen/runtime/mlas_driver.c), against the NumPy reference; validation of dispatch groups; the ORT glue."""
 
 from __future__ import annotations
 

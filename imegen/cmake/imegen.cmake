@@ -12,7 +12,12 @@
 # The interpreter with imegen installed: IMEGEN_PYTHON, else Python3_EXECUTABLE / find_package(Python3).
 
 get_filename_component(IMEGEN_PACKAGE_DIR "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
-get_filename_component(IMEGEN_TEMPLATE_DIR "${IMEGEN_PACKAGE_DIR}/../templates" ABSOLUTE)
+# templates/ and grammar/: inside the package when installed from a wheel, at the repository root in a checkout.
+if(EXISTS "${IMEGEN_PACKAGE_DIR}/templates")
+  set(IMEGEN_DATA_DIR "${IMEGEN_PACKAGE_DIR}")
+else()
+  get_filename_component(IMEGEN_DATA_DIR "${IMEGEN_PACKAGE_DIR}/.." ABSOLUTE)
+endif()
 
 function(imegen_generate target)
   cmake_parse_arguments(ARG "ORT_GLUE" "SPEC;OUTPUT_DIR;DEFINE;ORT" "" ${ARGN})
@@ -72,10 +77,10 @@ function(imegen_generate target)
     endif()
   endforeach()
 
-  file(GLOB templates "${IMEGEN_TEMPLATE_DIR}/*.j2")
+  file(GLOB templates "${IMEGEN_DATA_DIR}/templates/*.j2")
   # Every module of the package (imegen/ort/ renders the MLAS glue) and the grammar.
   file(GLOB_RECURSE generator "${IMEGEN_PACKAGE_DIR}/*.py")
-  file(GLOB grammar "${IMEGEN_PACKAGE_DIR}/../grammar/*.lark")
+  file(GLOB grammar "${IMEGEN_DATA_DIR}/grammar/*.lark")
   list(APPEND generator ${grammar})
   add_custom_command(
     OUTPUT ${outputs}

@@ -17,11 +17,10 @@ older ABI lacks, and unpacks PackedQuantBDataStruct<float, 8>& into the three re
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..errors import SpecError
+from ..names import dispatch_prefix
 from ..plan import KernelPlan
 
 ORT_COMMIT = "001d12d2623fd411ce0f83d05abb5e82304a3389"  # the "main" pin
@@ -191,10 +190,6 @@ class DispatchPlan:
 
     def groups_for(self, bits: int, compute: int) -> list[Group]:
         return [g for g in self.groups if (g.bits, g.compute) == (bits, compute)]
-
-
-def dispatch_prefix(spec_file: str) -> str:
-    return re.sub(r"\W", "_", Path(spec_file).stem) + "_"
 
 
 def plan_dispatch(plans: list[KernelPlan], spec_file: str, ort: str = DEFAULT_PIN) -> DispatchPlan | None:

@@ -1,4 +1,4 @@
-"""Run a spec's MLAS dispatch the way ORT's MLAS driver would (tests/c/mlas_driver.c), under QEMU,
+"""Run a spec's MLAS dispatch the way ORT's MLAS driver would (imegen/runtime/mlas_driver.c), under QEMU,
 against the NumPy reference: CompFp32 against dequantize-then-matmul, CompInt8 against the
 MLAS integer model."""
 
@@ -18,7 +18,7 @@ from .mlas_abi import COMPUTE_INT8, DispatchPlan
 from ..render import render_dispatch, render_kernel
 from ..verify import Case, Comparison, Result, compare
 
-DRIVER = Path(__file__).resolve().parents[2] / "tests" / "c" / "mlas_driver.c"
+DRIVER = toolchain.RUNTIME_DIR / "mlas_driver.c"  # the MLAS-driver stand-in
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def build(d: DispatchPlan, spec_file: str, *, compiler: str = "clang") -> Path:
 
 
 def encode(cases: list[MlasCase]) -> bytes:
-    """The driver's input file (see tests/c/mlas_driver.c)."""
+    """The driver's input file (see imegen/runtime/mlas_driver.c)."""
     parts = [struct.pack("<Q", len(cases))]
     for mc in cases:
         c = mc.case

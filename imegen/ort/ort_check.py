@@ -62,12 +62,20 @@ def _ort():
     return onnx, onnxruntime
 
 
-def ort_available() -> bool:
+def ort_import_problem() -> str | None:
+    """Why onnxruntime/onnx cannot be used here (None if they can): a missing module, or any error
+    a broken install raises on import."""
     try:
         _ort()
-        return True
-    except ImportError:
-        return False
+        return None
+    except ImportError as e:
+        return str(e)
+    except Exception as e:  # noqa: BLE001 - a broken onnxruntime can raise anything on import
+        return f"importing onnxruntime/onnx failed ({type(e).__name__}: {e}); reinstall them: python3 -m pip install -e '.[test]'"
+
+
+def ort_available() -> bool:
+    return ort_import_problem() is None
 
 
 def ort_quantize(W: np.ndarray, bits: int, block_size: int, symmetric: bool):
@@ -509,9 +517,12 @@ def run_suite(suite: Suite, *, jobs: int | None = None, log=None) -> list[Row]:
             log(f"onnxruntime: {i}/{len(needed)} kernel cases ({len(suite._ort)} models run, {last - t:.1f} s)")
     if log:
         log(f"kernels: {len(work)} builds on {jobs} threads")
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
         futures = [pool.submit(fn, *args, log) for fn, args in work]
         return [row for f in futures for row in f.result()]
+    finally:  # on Ctrl-C (or a failure) do not start the queued builds
+        pool.shutdown(cancel_futures=True)
 
 
 # ----------------------------------------------------------------------------- abi = mlas kernels
@@ -546,7 +557,7 @@ def dispatch_runs(d, full: bool) -> list[tuple[str, list[int]]]:
 
 def _run_dispatch(suite: Suite, d, compiler: str, vlens, log) -> list[Row]:
     """abi=mlas kernels through their generated dispatch, driven the way MLAS drives it
-    (tests/c/mlas_driver.c: packing, thread ranges, M = 1 vs gemm routing), on ORT's inputs."""
+    (imegen/runtime/mlas_driver.c: packing, thread ranges, M = 1 vs gemm routing), on ORT's inputs."""
     from . import mlas_check
     from .mlas_abi import COMPUTE_INT8
 

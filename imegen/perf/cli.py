@@ -85,7 +85,7 @@ def run_perf_command(args) -> int:
             for path in bench.write_outputs(res, out, text):
                 _log(f"wrote {path}")
     except (SpecError, ToolchainError, PluginUnavailable, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(e if isinstance(e, SpecError) else f"error: {e}", file=sys.stderr)  # SpecError says "error:" itself
         return 2
     _log(f"{args.command}: {time.perf_counter() - t0:.1f} s")
     return 0

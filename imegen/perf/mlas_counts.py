@@ -20,7 +20,7 @@ from .plugin import run_counted
 
 METHOD = (
     "MLAS path: the spec's dispatch, kernels and the IME emulator linked statically with the MLAS-driver "
-    "stand-in (tests/c/mlas_driver.c: ORT's pack calls, two thread ranges split at a multiple of 16, "
+    "stand-in (imegen/runtime/mlas_driver.c: ORT's pack calls, two thread ranges split at a multiple of 16, "
     "128-column chunks, the 4-bit row loop / 8-bit 128-row ranges); counted under qemu-riscv64 with the "
     "TCG plugin: only the kernel objects' code (and libc it calls) between the driver's markers, A "
     "quantization (QuantizeARow*) and the GEMM calls; dispatch routing, packing and the driver excluded. "

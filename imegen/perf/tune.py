@@ -169,10 +169,13 @@ def evaluate(specs: list[KernelSpec], targets: list[Case], *, jobs: int = 1, log
 
     results: dict[tuple[str, Case], Evaluation] = {}
     unique = list({s.name: s for s in specs}.values())
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
         for evals in pool.map(one, unique):
             for e in evals:
                 results[(e.spec.name, e.case)] = e
+    finally:  # on Ctrl-C (or a failure) do not start the queued measurements
+        pool.shutdown(cancel_futures=True)
     return results
 
 
