@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 from functools import lru_cache
 from pathlib import Path
 
 import jinja2
 
-from . import __version__
+from . import __version__, cache
 from .errors import SpecError
 from .names import dispatch_files, kernel_files
 from .ort import mlas_abi
@@ -42,10 +41,7 @@ def _env() -> jinja2.Environment:
 @lru_cache(maxsize=1)
 def templates_hash() -> str:
     """Identifies the templates in generated headers: the generator's output changes with them."""
-    h = hashlib.sha256()
-    for path in sorted(TEMPLATES.glob("*.j2")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
+    return cache.key(files=sorted(TEMPLATES.glob("*.j2")))
 
 
 def _shown_name(spec_file: str) -> str:
