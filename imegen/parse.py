@@ -86,15 +86,16 @@ def parse_text(text: str, filename: str = "<spec>") -> list[Block]:
 def decode(data: bytes, filename: str) -> str:
     """Spec bytes -> text. Specs are UTF-8 (a leading byte-order mark is allowed); anything else is
     refused at the first byte that is not UTF-8."""
+    body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data  # positions below are in body
     try:
-        return data.decode("utf-8-sig")
+        return body.decode("utf-8")
     except UnicodeDecodeError as e:
         bad = e.start
-    line_start = data.rfind(b"\n", 0, bad) + 1
-    line = data.count(b"\n", 0, bad) + 1
-    column = len(data[line_start:bad].decode("utf-8-sig" if line_start == 0 else "utf-8")) + 1
+    line_start = body.rfind(b"\n", 0, bad) + 1
+    line = body.count(b"\n", 0, bad) + 1
+    column = len(body[line_start:bad].decode("utf-8")) + 1
     hint = " (this looks like UTF-16: save the spec as UTF-8)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-    raise SpecError(Span(filename, line, column), f"byte 0x{data[bad]:02x} is not UTF-8 text; specs must be UTF-8{hint}")
+    raise SpecError(Span(filename, line, column), f"byte 0x{body[bad]:02x} is not UTF-8 text; specs must be UTF-8{hint}")
 
 
 def parse_file(path: str | Path) -> list[Block]:

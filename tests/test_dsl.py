@@ -326,6 +326,8 @@ def test_tile_values_are_shown_as_written():
     ("kernel k { }".encode("utf-16"), "1:1", ["byte 0xff", "UTF-16"]),
     ("kernel k {\n  # caf\u00e9 \u00fc\n".encode() + b"\xc3(", "3:1", ["byte 0xc3"]),
     ("# \u00fcber\n kernel \u00e9".encode() + b"\x80", "2:10", ["byte 0x80"]),
+    (b"\xef\xbb\xbf#\x80 comment\n", "1:2", ["byte 0x80"]),  # after a byte-order mark (found by CI's fuzzing)
+    (b"\xef\xbb\xbf\xff", "1:1", ["byte 0xff"]),
 ])
 def test_non_utf8_spec(tmp_path, data, where, words):
     path = tmp_path / "bin.imegen"
