@@ -17,6 +17,9 @@ from .parse import Block, Setting, parse_file, parse_text
 VECTOR_REGISTERS = 32
 IME_VLEN = 256  # K1/X60: vmadot's 4x8x4 int8 tile is defined for VLEN=256 only.
 IME_FOLD_REGS = 16  # the per-block vector fold: 8 even register pairs (see plan._ime_fold)
+# The fold of a kernel whose fp32 accumulators stay in registers: index tables, scale staging,
+# spread B scales, products and one row tile's spread A scales (6 even pairs, plan._signed_fold).
+IME_FOLD_REGS_IN_REGISTERS = 12
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,25 @@ def zero_points_in_b(spec: KernelSpec) -> str | None:
     return None
 
 
+def _ime_loop_registers(spec: KernelSpec) -> tuple[int, int, int, int]:
+    """IME gemm: (int32 accumulators, A tile, B tile, spread zero-point) registers of the k loop."""
+    ma, na = max(1, spec.tile_m // 4), spec.tile_n // 4
+    zp = na if zero_points_in_b(spec) == "asymmetric" else 0
+    return 2 * ma * na, ma * spec.k_unroll, na * spec.k_unroll, zp
+
+
+def fp32_acc_in_registers(spec: KernelSpec) -> bool:
+    """4-bit IME gemm kernels (imegen ABI) whose fp32 tile accumulators fit in vector registers next
+    to the loop's and the fold's: one asm statement runs the whole K loop and the fp32 accumulators
+    never go to memory (else they are loaded and stored once per block). A planner decision, not a
+    DSL option: it holds for small tiles (at most 5 4x4 accumulator pairs, e.g. 4x16 and 8x8 at
+    k_unroll 2) and changes only speed, never results."""
+    if not zero_points_in_b(spec) or spec.scales == "ort":
+        return False
+    acc, a, b, zp = _ime_loop_registers(spec)
+    return 2 * acc + a + b + zp <= VECTOR_REGISTERS and 2 * acc + IME_FOLD_REGS_IN_REGISTERS <= VECTOR_REGISTERS
+
+
 def register_budget(spec: KernelSpec) -> dict[str, int]:
     """Vector registers the kernel's inner loop keeps live, by class (0 for scalar)."""
     if spec.target == "ime":
@@ -161,13 +183,18 @@ def register_budget(spec: KernelSpec) -> dict[str, int]:
         # correction) needs 8 register pairs of its own (gemv: three e32 groups of the row's TN lanes
         # above the accumulators, see plan._gemv_fold): count whichever phase needs more.
         loop = 2 * ma * na + a_regs + b_regs
+        in_regs = fp32_acc_in_registers(spec)
         if spec.tile_m == 1:
             g = gemv_fold_lmul(spec.tile_n)
             fold = -(-2 * na // g) * g + 3 * g - loop
+        elif in_regs:
+            fold = IME_FOLD_REGS_IN_REGISTERS - a_regs - b_regs
         else:
             fold = IME_FOLD_REGS - a_regs - b_regs
         zp = na if zero_points_in_b(spec) == "asymmetric" else 0
         budget = {"int32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": b_regs}
+        if in_regs:
+            budget = {"int32 accumulators": 2 * ma * na, "fp32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": b_regs}
         if zp:
             budget["B zero points"] = zp
         return {**budget, "fold temporaries": max(0, fold - zp)}

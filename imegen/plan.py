@@ -7,15 +7,18 @@ instruction list with each vmadot already encoded.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .ime_encoding import encode_vmadot, mnemonic
-from .ir import KernelSpec, gemv_fold_lmul, lmul_for, register_budget, zero_points_in_b
+from .ir import KernelSpec, fp32_acc_in_registers, gemv_fold_lmul, lmul_for, register_budget, zero_points_in_b
 
 # M blocking: the rows of A's workspace one pass over all N tiles reuses stay within half the K1's
 # 512 KB L2, so A is read from L2 (and the packed B streamed once per M block) instead of A
 # streaming from DRAM once per N tile.
 A_BLOCK_BYTES = 256 * 1024
+# Blocks of at most this many loop iterations run the body repeated instead of a counted loop.
+MAX_UNROLLED_ITERATIONS = 4
 # A int8 signed x B raw unsigned codes, zero points folded in the epilogue (8-bit, and 4-bit gemv);
 # signed x signed when 4-bit gemm kernels subtract the zero points from the unpacked B (ir.zero_points_in_b)
 # and for 8-bit MLAS kernels, which store B as signed q - 128 and fold zero points through MLAS's block
@@ -61,11 +64,33 @@ class ImePlan:
     iterations_per_block: int
     a_bytes_per_iteration: int
     b_stride: int  # bytes between consecutive 8-k (8-bit) or 16-k (4-bit) groups of a panel
+    b_walk: int  # bytes the loop advances the B pointer per block
     clobbers: tuple[str, ...]
     vmadots_per_tile_block: int
     fold: tuple[AsmOp, ...]  # after the loop: acc pairs -> fp32, zero-point fix, scale, add into facc
     facc_floats: int  # the tile's fp32 accumulators in memory (gemv: TN results, then TN dots of the block)
     facc_at: str  # C expr in i, j: where output (i, j) accumulates
+    # fp32 accumulators in registers (ir.fp32_acc_in_registers): [mi][ni] -> even register pair; then
+    # one asm statement loops over all blocks: tile_start (zero them, outer label), per block the
+    # prologue/loop/fold, block_end (advance the block pointers, branch back), tile_end (store them
+    # to facc for the C epilogue). Empty when the accumulators live in memory (one asm per block).
+    facc_regs: tuple[tuple[int, ...], ...] = ()
+    tile_start: tuple[AsmOp, ...] = ()
+    block_end: tuple[AsmOp, ...] = ()
+    tile_end: tuple[AsmOp, ...] = ()
+
+    acc_zero: tuple[AsmOp, ...] = ()  # per block: the int32 accumulators = 0, one vmv per LMUL-8 group
+    unrolled: bool = False  # few iterations per block: the body is repeated, no loop counter or branch
+    entry_vset: bool = True  # the body relies on entering at e8, m1 (else it sets vtype itself first)
+
+    @property
+    def whole_k(self) -> bool:
+        return bool(self.facc_regs)
+
+    def uses(self, operand: str) -> bool:
+        """Does any instruction of the asm statement name %[operand]?"""
+        ops = (*self.tile_start, *self.acc_zero, *self.prologue, *self.body, *self.fold, *self.block_end, *self.tile_end)
+        return any(f"%[{operand}]" in op.text for op in ops)
 
 
 @dataclass(frozen=True)
@@ -183,6 +208,7 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     fold_regs = budget["fold temporaries"]
     b_groups = ku // 2 if spec.bits == 4 else ku
     a_group = 0 if (gemv or spec.abi == "mlas") else ku * ma  # the A tiles of one iteration lie back to back
+    in_regs = fp32_acc_in_registers(spec)
 
     def allocate(aligned: bool):
         """Registers upwards from v0; a power-of-two run of up to 8 registers loaded or unpacked
@@ -197,17 +223,18 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
             return first
 
         acc = tuple(tuple(take(2) for _ in range(na)) for _ in range(ma))
+        facc = tuple(tuple(take(2) for _ in range(na)) for _ in range(ma)) if in_regs else ()
         if gemv:  # one A register (plus its odd partner, read by slides) feeds 4 k-steps
             a_reg = [take(1 if ku == 1 else 2) for _ in range(-(-ku // 4))]
         else:
             first = take(ku * ma, group=a_group > 0)
             a_reg = [[first + s * ma + mi for mi in range(ma)] for s in range(ku)]
         runs = [take(na, group=True) for _ in range(b_groups * (2 if spec.bits == 4 else 1) + (zp_in_b == "asymmetric"))]
-        return next_reg, acc, a_reg, runs
+        return next_reg, acc, facc, a_reg, runs
 
-    used, acc, a_reg, runs = allocate(aligned=True)
+    used, acc, facc, a_reg, runs = allocate(aligned=True)
     if used + fold_regs > 32:
-        used, acc, a_reg, runs = allocate(aligned=False)
+        used, acc, facc, a_reg, runs = allocate(aligned=False)
     assert used + fold_regs <= 32 and used + fold_regs >= sum(budget.values()), "budget and allocation disagree"
     n_regs = used + fold_regs  # loop and fold both allocate upwards from v0
     grouped = lambda first, n: n in (2, 4, 8) and first % n == 0  # noqa: E731
@@ -238,8 +265,14 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     if zpb is not None:
         raw, idx = b_reg[0][0], b_lo[0][0]
         vl = f"vsetivli zero, {spec.tile_n}, e8, m1, ta, ma" if spec.tile_n < 32 else "vsetvli t0, zero, e8, m1, ta, ma"
-        prologue += [AsmOp("vset", vl), AsmOp("vle8", f"vle8.v v{raw}, (%[zp])", "B zero points of the tile's columns"),
-                     AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma")]
+        prologue += [AsmOp("vset", vl), AsmOp("vle8", f"vle8.v v{raw}, (%[zp])", "B zero points of the tile's columns")]
+    if zpb is not None and grouped(zpb, na) or (zpb is not None and na == 1):
+        # Column c's zero point fills bytes 8c..8c+7 of the run: zero-extend each to 64 bits, times 0x0101..01.
+        vl64 = f"vsetivli zero, {spec.tile_n}, e64, m{na}, ta, ma" if spec.tile_n < 32 else f"vsetvli t0, zero, e64, m{na}, ta, ma"
+        prologue += [AsmOp("vset", vl64), AsmOp("vzext", f"vzext.vf8 v{zpb}, v{raw}", "one column per 64-bit lane"),
+                     AsmOp("vmul", f"vmul.vx v{zpb}, v{zpb}, %[rep]", "zero point in all 8 bytes of its column")]
+    elif zpb is not None:
+        prologue.append(AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma"))
         for ni in range(na):
             prologue += [AsmOp("addi", f"addi t1, %[zpi], {32 * ni}"), AsmOp("vle8", f"vle8.v v{idx}, (t1)", "byte -> column"),
                          AsmOp("vrgather", f"vrgather.vv v{zpb + ni}, v{raw}, v{idx}", f"zero points, cols {4 * ni}..{4 * ni + 3}")]
@@ -255,9 +288,8 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
                 ops += [AsmOp("add", "add t1, t1, %[lda4]")] * mi
                 ops.append(AsmOp("vlse64", f"vlse64.v v{a_reg[s][mi]}, (t1), %[lda]", f"A rows {4 * mi}..{4 * mi + 3}, k-step {s}"))
         lmul_now = None
-    elif grouped(a_reg[0][0], a_group):
-        at_lmul(a_group)
-        ops += [AsmOp("vle8", f"vle8.v v{a_reg[0][0]}, (%[a])", f"A: {ku} k-steps x {ma} tiles, v{a_reg[0][0]}-v{a_reg[0][0] + a_group - 1}")]
+    elif grouped(a_reg[0][0], a_group):  # a whole-register load: needs no vtype
+        ops += [AsmOp("vle8", f"vl{a_group}re8.v v{a_reg[0][0]}, (%[a])", f"A: {ku} k-steps x {ma} tiles, v{a_reg[0][0]}-v{a_reg[0][0] + a_group - 1}")]
     else:
         for s in range(ku):
             for mi in range(ma):
@@ -266,10 +298,13 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
         # one run of na registers when aligned (LMUL na), else register by register
         parts = [(0, na)] if grouped(b_reg[g][0], na) and (b_lo is None or grouped(b_lo[g][0], na)) else [(ni, 1) for ni in range(na)]
         for ni, n in parts:
-            at_lmul(n)
             raw = b_reg[g][ni]
-            load(raw, "%[b]", ni * 32, f"B cols {4 * ni}..{4 * (ni + n) - 1}, group {g}")
+            what = f"B cols {4 * ni}..{4 * (ni + n) - 1}, group {g}"
+            if ni:
+                ops.append(AsmOp("addi", f"addi t1, %[b], {ni * 32}"))
+            ops.append(AsmOp("vle8", f"vl{n}re8.v v{raw}, ({'t1' if ni else '%[b]'})", what))  # whole registers: no vtype
             if spec.bits == 4:
+                at_lmul(n)
                 lo = b_lo[g][ni]
                 ops.append(AsmOp("vand", f"vand.vi v{lo}, v{raw}, 15", "low nibbles"))
                 ops.append(AsmOp("vsrl", f"vsrl.vi v{raw}, v{raw}, 4", "high nibbles"))
@@ -291,16 +326,63 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
                 ops.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic(sign, slide)} v{vd}, v{vs1}, v{vs2}"))
     a_step = ku * 8 if (gemv or spec.abi == "mlas") else ku * ma * 32
     ops.append(AsmOp("addi", f"addi %[a], %[a], {a_step}"))
-    fold = _ime_fold(spec, acc)
+    fold = _ime_fold(spec, acc, facc)
+    iterations = spec.block // (8 * ku)
+    unrolled = iterations <= MAX_UNROLLED_ITERATIONS
+    tile_start = block_end = tile_end = ()
+    if facc:
+        pairs = [r for row in facc for r in row]
+        tile_start = (AsmOp("vset", "vsetvli t0, zero, e32, m2, ta, ma"),
+                      *(AsmOp("vmv", f"vmv.v.i v{r}, 0", "fp32 accumulators") for r in pairs),
+                      AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
+        # A tiles of consecutive blocks lie back to back (the loop leaves %[a] at the next block's);
+        # the B data pointer jumps from where the loop left it to the next chunk's.
+        block_end = (AsmOp("add", "add %[b], %[b], %[bnext]", "next block's B tiles"),
+                     AsmOp("add", "add %[sb], %[sb], %[sbs]", "next block's B scales"),
+                     *((AsmOp("add", "add %[zp], %[zp], %[zps]", "next block's zero points"),) if zp_in_b == "asymmetric" else ()),
+                     AsmOp("addi", "addi %[sa], %[sa], 4", "next block's A scales"),
+                     AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
+        tile_end = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
+                    *(op for mi, row in enumerate(facc) for ni, r in enumerate(row)
+                      for op in (AsmOp("addi", f"addi t1, %[facc], {(mi * na + ni) * 64}"), AsmOp("vse32", f"vse32.v v{r}, (t1)"))))
     return ImePlan(
         ma=ma, na=na, acc_regs=acc, prologue=tuple(prologue), body=tuple(ops), fold=fold,
-        iterations_per_block=spec.block // (8 * ku), a_bytes_per_iteration=a_step,
+        iterations_per_block=iterations, a_bytes_per_iteration=a_step,
         b_stride=spec.panel * 8,  # a panel's B tiles for one 16-k (4-bit) or 8-k (8-bit) group
-        clobbers=tuple(f"v{r}" for r in range(n_regs)),
+        b_walk=iterations * b_groups * spec.panel * 8,
+        clobbers=tuple(f"v{r}" for r in range(max(n_regs, _highest_pair_end(fold)))),
         facc_floats=2 * spec.tile_n if gemv else ma * na * 16,
         facc_at="j" if gemv else f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4",
         vmadots_per_tile_block=(spec.block // 8) * ma * na,
+        facc_regs=facc, tile_start=tile_start, block_end=block_end, tile_end=tile_end,
+        acc_zero=_acc_zero(2 * ma * na), unrolled=unrolled, entry_vset=not _sets_vtype_first(ops),
     )
+
+
+def _sets_vtype_first(body: list[AsmOp]) -> bool:
+    """Does the loop body set vtype before its first instruction that depends on it? (Scalar
+    instructions and whole-register loads do not.)"""
+    for op in body:
+        if op.kind == "vset":
+            return True
+        if not (op.kind in ("addi", "add") or re.match(r"vl\dre8\.v ", op.text)):
+            return False
+    return False
+
+
+def _acc_zero(n_regs: int) -> tuple[AsmOp, ...]:
+    ops: list[AsmOp] = []
+    vt = _Vtype(ops)
+    for first, g in acc_groups(n_regs):
+        vt(None, "e32", f"m{g}")
+        ops.append(AsmOp("vmv", f"vmv.v.i v{first}, 0", f"int32 accumulators v{first}-v{first + g - 1}"))
+    return tuple(ops)
+
+
+def _highest_pair_end(ops: tuple[AsmOp, ...]) -> int:
+    """One past the highest vector register the fold touches (its operands are at most register pairs)."""
+    regs = [int(r) for op in ops for r in re.findall(r"\bv(\d+)\b", op.text)]
+    return min(32, max(regs, default=-2) + 2)
 
 
 def _scale_load(spec: KernelSpec, dst: int, tmp: int, ni: int, vset, lanes: str = "e32, m1") -> list[AsmOp]:
@@ -313,7 +395,7 @@ def _scale_load(spec: KernelSpec, dst: int, tmp: int, ni: int, vset, lanes: str 
             AsmOp("vle32", f"vle32.v v{dst}, (t1)", f"B scales, cols {4 * ni}..{4 * ni + 3}")]
 
 
-def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp, ...]:
+def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc: tuple[tuple[int, ...], ...] = ()) -> tuple[AsmOp, ...]:
     """Per block, on the int32 accumulator pairs (16 lanes = a 4x4 tile, lane 4r+q):
     facc += float(dot - zp[q] * sum_a[r]) * (scale_a[r] * scale_b[q]), or with MLAS block sums
     facc += float(dot) * (scale_a[r] * scale_b[q]) + blksum_a[r] * blksum_b[q].
@@ -322,12 +404,12 @@ def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp
     (index tables: lane -> q and lane -> r). All fold registers are even pairs (LMUL 2) outside
     the accumulators; the A/B registers of the loop are dead by now and are reused. A gemv tile
     has one live row (lanes 0..3 of each pair): see _gemv_fold."""
-    taken = {r for row in acc for r in row}
+    taken = {r for row in (*acc, *facc) for r in row}
     free = [r for r in range(0, 32, 2) if r not in taken]
     if spec.tile_m == 1:
         return _gemv_fold(spec, acc[0])
     if zero_points_in_b(spec):
-        return _signed_fold(spec, acc, free)
+        return _signed_fold(spec, acc, free, facc)
     IDXC, IDXR, SA, AS, X4, SB, Y, ZP = free[:8]
     asym, blksum = spec.zero_point == "asymmetric", spec.zero_point == "blksum"
     vs = lambda n, sew="e32", lmul="m2": AsmOp("vset", f"vsetivli zero, {n}, {sew}, {lmul}, ta, ma")  # noqa: E731
@@ -367,26 +449,121 @@ def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp
     return tuple(ops)
 
 
-def _signed_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], free: list[int]) -> tuple[AsmOp, ...]:
+def acc_groups(n_regs: int) -> list[tuple[int, int]]:
+    """v0..v(n_regs - 1) as aligned power-of-two register groups of at most 8: (first, LMUL)."""
+    groups, r = [], 0
+    while r < n_regs:
+        g = 8
+        while g > n_regs - r or r % g:
+            g //= 2
+        groups.append((r, g))
+        r += g
+    return groups
+
+
+class _Vtype:
+    """Appends a vsetvli/vsetivli only when the (vl, SEW, LMUL) asked for differs from the current one."""
+
+    def __init__(self, ops: list[AsmOp]):
+        self.ops, self.now = ops, None
+
+    def __call__(self, vl: int | None, sew: str, lmul: str) -> None:
+        if (vl, sew, lmul) != self.now:
+            text = f"vsetvli t0, zero, {sew}, {lmul}, ta, ma" if vl is None else f"vsetivli zero, {vl}, {sew}, {lmul}, ta, ma"
+            self.ops.append(AsmOp("vset", text))
+            self.now = (vl, sew, lmul)
+
+
+def _grouped_signed_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], free: list[int],
+                         facc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp, ...] | None:
+    """The signed fold with few instructions, for tiles of at most 16 columns whose accumulators
+    are v0.. and whose free register pairs hold every row tile's spread A scales plus 4 (5 with the
+    fp32 accumulators in memory): all accumulators converted to fp32 by one instruction per
+    LMUL-8 group; the 4 x ma A scales by one strided load, spread per row tile by vrgather with a
+    lane -> row index advanced by 4; the TN B scales by one load (fp16: and one vfwcvt), spread
+    per column tile by vrgather with a lane -> column index advanced by 4. None: use _signed_fold's
+    general form."""
+    ma, na, tn = len(acc), len(acc[0]), spec.tile_n
+    if tn > 16 or len(free) < ma + (4 if facc else 5) or sorted(r for row in acc for r in row) != list(range(0, 2 * ma * na, 2)):
+        return None
+    SAS, (SRC, IDXC, SB, Y) = free[:ma], free[ma:ma + 4]
+    FT = None if facc else free[ma + 4]
+    IDXR, X = Y, SB  # dead before the B scales are spread and the products formed
+    ops: list[AsmOp] = []
+    vt = _Vtype(ops)
+    for first, g in acc_groups(2 * ma * na):
+        vt(None, "e32", f"m{g}")
+        ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
+    # The TN B scales into SRC (fp16: staged in IDXC, not loaded yet), then the 4ma A scales into X;
+    # one vtype serves both loads when 4ma = TN (vlse32 at SEW 16 has EMUL 2: a pair, as X is).
+    b_vtype = (tn, "e16", "m1") if spec.scale_type == "fp16" else (tn, "e32", "m2")
+    vt(*b_vtype)
+    if spec.scale_type == "fp16":
+        ops += [AsmOp("vle16", f"vle16.v v{IDXC}, (%[sb])", f"B fp16 scales, cols 0..{tn - 1}"),
+                AsmOp("vfwcvt", f"vfwcvt.f.f.v v{SRC}, v{IDXC}", "widened to fp32")]
+    else:
+        ops.append(AsmOp("vle32", f"vle32.v v{SRC}, (%[sb])", f"B scales, cols 0..{tn - 1}"))
+    if 4 * ma != tn:
+        vt(4 * ma, "e32", "m2")
+    ops.append(AsmOp("vlse32", f"vlse32.v v{X}, (%[sa]), %[sas]", f"A scales, rows 0..{4 * ma - 1}"))
+    vt(16, "e32", "m2")
+    ops += [AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{IDXR}, (t1)", "lane -> row r")]
+    for mi in range(ma):
+        if mi:
+            ops.append(AsmOp("vadd", f"vadd.vi v{IDXR}, v{IDXR}, 4", "-> row 4mi + r"))
+        ops.append(AsmOp("vrgather", f"vrgather.vv v{SAS[mi]}, v{X}, v{IDXR}", f"A scales spread, rows {4 * mi}..{4 * mi + 3}"))
+    ops.append(AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q"))
+    for ni in range(na):
+        if ni:
+            ops.append(AsmOp("vadd", f"vadd.vi v{IDXC}, v{IDXC}, 4", "-> column 4ni + q"))
+        ops.append(AsmOp("vrgather", f"vrgather.vv v{SB}, v{SRC}, v{IDXC}", f"B scales spread, cols {4 * ni}..{4 * ni + 3}"))
+        for mi in range(ma):
+            vd = acc[mi][ni]
+            ops.append(AsmOp("vfmul", f"vfmul.vv v{Y}, v{SAS[mi]}, v{SB}", "scale_a * scale_b"))
+            if facc:
+                ops.append(AsmOp("vfmacc", f"vfmacc.vv v{facc[mi][ni]}, v{vd}, v{Y}"))
+            else:
+                ops += [AsmOp("addi", f"addi t1, %[facc], {(mi * na + ni) * 64}"), AsmOp("vle32", f"vle32.v v{FT}, (t1)"),
+                        AsmOp("vfmacc", f"vfmacc.vv v{FT}, v{vd}, v{Y}"), AsmOp("vse32", f"vse32.v v{FT}, (t1)")]
+    return tuple(ops)
+
+
+def _signed_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], free: list[int],
+                 facc: tuple[tuple[int, ...], ...] = ()) -> tuple[AsmOp, ...]:
     """The fold of kernels whose loop ran on B - zp (ir.zero_points_in_b): facc += float(dot) *
     (scale_a[r] * scale_b[q]). When registers allow, every row tile's spread A scales are built
-    first and each column tile's B scales once (columns outer), else per row tile."""
-    IDXC, IDXR, X4, SB, Y, FT, *rest = free
+    first and each column tile's B scales once (columns outer), else per row tile. With `facc`
+    (registers) the fp32 accumulators are added to in place, and %[sa] is left at the block's
+    A scales (t2 walks the row tiles) for the next block's step."""
+    fast = _grouped_signed_fold(spec, acc, free, facc)
+    if fast is not None:
+        return fast
+    if facc:
+        IDXC, IDXR, X4, SB, Y, *rest = free
+        FT = None
+    else:
+        IDXC, IDXR, X4, SB, Y, FT, *rest = free
     hoist = len(rest) >= len(acc)
     SAS = rest[:len(acc)] if hoist else rest[:1] * len(acc)
     vs = lambda n, sew="e32", lmul="m2": AsmOp("vset", f"vsetivli zero, {n}, {sew}, {lmul}, ta, ma")  # noqa: E731
+    sa = "t2" if facc else "%[sa]"
     ops = [vs(16), AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q"),
            AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{IDXR}, (t1)", "lane -> row r")]
+    if facc:
+        ops.append(AsmOp("mv", "mv t2, %[sa]"))
 
     def row_scales(mi: int) -> list[AsmOp]:
-        return [vs(4), AsmOp("vlse32", f"vlse32.v v{X4}, (%[sa]), %[sas]", f"A scales, rows {4 * mi}..{4 * mi + 3}"),
-                AsmOp("add", "add %[sa], %[sa], %[sa4]"), vs(16), AsmOp("vrgather", f"vrgather.vv v{SAS[mi]}, v{X4}, v{IDXR}")]
+        return [vs(4), AsmOp("vlse32", f"vlse32.v v{X4}, ({sa}), %[sas]", f"A scales, rows {4 * mi}..{4 * mi + 3}"),
+                AsmOp("add", f"add {sa}, {sa}, %[sa4]"), vs(16), AsmOp("vrgather", f"vrgather.vv v{SAS[mi]}, v{X4}, v{IDXR}")]
 
     def col_scales(ni: int) -> list[AsmOp]:
         return _scale_load(spec, X4, SB, ni, vs, "e32, m2") + [vs(16), AsmOp("vrgather", f"vrgather.vv v{SB}, v{X4}, v{IDXC}")]
 
     def fold_pair(mi: int, ni: int) -> list[AsmOp]:
         vd = acc[mi][ni]
+        if facc:
+            return [AsmOp("vfcvt", f"vfcvt.f.x.v v{vd}, v{vd}"), AsmOp("vfmul", f"vfmul.vv v{Y}, v{SAS[mi]}, v{SB}", "scale_a * scale_b"),
+                    AsmOp("vfmacc", f"vfmacc.vv v{facc[mi][ni]}, v{vd}, v{Y}")]
         return [AsmOp("vfcvt", f"vfcvt.f.x.v v{vd}, v{vd}"), AsmOp("vfmul", f"vfmul.vv v{Y}, v{SAS[mi]}, v{SB}", "scale_a * scale_b"),
                 AsmOp("addi", f"addi t1, %[facc], {(mi * len(acc[0]) + ni) * 64}"), AsmOp("vle32", f"vle32.v v{FT}, (t1)"),
                 AsmOp("vfmacc", f"vfmacc.vv v{FT}, v{vd}, v{Y}"), AsmOp("vse32", f"vse32.v v{FT}, (t1)")]

@@ -101,6 +101,13 @@ def check_ime_body(plan: KernelPlan) -> None:
     per_acc: Counter = Counter()
     slides = []
     zpb = {int(m[1]) for op in I.prologue if (m := re.fullmatch(r"vrgather\.vv v(\d+), v\d+, v\d+", op.text))}
+    lmul64 = 1  # or spread by zero extension to 64 bits and a multiply by 0x0101..01 over an LMUL group
+    for op in I.prologue:
+        if m := re.fullmatch(r"vset\w+ \S+, \S+, e64, m(\d), ta, ma", op.text):
+            lmul64 = int(m[1])
+        elif m := re.fullmatch(r"vmul\.vx v(\d+), v(\d+), %\[rep\]", op.text):
+            assert m[1] == m[2] and any(o.text.startswith(f"vzext.vf8 v{m[1]}, ") for o in I.prologue), op.text
+            zpb |= set(range(int(m[1]), int(m[1]) + lmul64))
     group = 1  # LMUL of e8 ops: the template enters the loop at m1, every iteration must end there
     for op in I.body:
         regs = lambda first: set(range(first, first + group))  # noqa: E731
