@@ -210,9 +210,12 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     a_group = 0 if (gemv or spec.abi == "mlas") else ku * ma  # the A tiles of one iteration lie back to back
     in_regs = fp32_acc_in_registers(spec)
 
-    def allocate(aligned: bool):
+    def allocate(aligned: bool, pair_b: bool = False):
         """Registers upwards from v0; a power-of-two run of up to 8 registers loaded or unpacked
-        together is aligned to its size (one LMUL > 1 instruction) when `aligned`."""
+        together is aligned to its size (one LMUL > 1 instruction) when `aligned`. With `pair_b`
+        (4-bit gemm) each group's raw and low-nibble runs form one aligned run of 2 na registers,
+        allocated before the A tiles, and asymmetric kernels keep their spread zero points twice
+        over, so that `B - zp` is one instruction per group."""
         next_reg = 0
 
         def take(n: int, group: bool = False) -> int:
@@ -224,22 +227,39 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
 
         acc = tuple(tuple(take(2) for _ in range(na)) for _ in range(ma))
         facc = tuple(tuple(take(2) for _ in range(na)) for _ in range(ma)) if in_regs else ()
+        if pair_b:  # runs = [raw 0, low 0, raw 1, low 1, ..., zero points (2 na)]
+            pairs = [take(2 * na, group=True) for _ in range(b_groups)]
+            runs = [r for first in pairs for r in (first, first + na)]
         if gemv:  # one A register (plus its odd partner, read by slides) feeds 4 k-steps
             a_reg = [take(1 if ku == 1 else 2) for _ in range(-(-ku // 4))]
         else:
             first = take(ku * ma, group=a_group > 0)
             a_reg = [[first + s * ma + mi for mi in range(ma)] for s in range(ku)]
-        runs = [take(na, group=True) for _ in range(b_groups * (2 if spec.bits == 4 else 1) + (zp_in_b == "asymmetric"))]
+        if pair_b:
+            if zp_in_b == "asymmetric":
+                runs.append(take(2 * na, group=True))
+        else:  # runs = [raw 0, raw 1, ..., low 0, low 1, ..., zero points]
+            runs = [take(na, group=True) for _ in range(b_groups * (2 if spec.bits == 4 else 1) + (zp_in_b == "asymmetric"))]
+            if spec.bits == 4:
+                runs = [r for g in range(b_groups) for r in (runs[g], runs[b_groups + g])] + runs[2 * b_groups:]
         return next_reg, acc, facc, a_reg, runs
 
-    used, acc, facc, a_reg, runs = allocate(aligned=True)
-    if used + fold_regs > 32:
-        used, acc, facc, a_reg, runs = allocate(aligned=False)
+    can_pair = bool(zp_in_b) and 2 * na in (2, 4, 8)
+    for aligned, pair_b in ((True, True), (True, False), (False, False)):
+        if pair_b and not can_pair:
+            continue
+        used, acc, facc, a_reg, runs = allocate(aligned, pair_b)
+        if used + fold_regs <= 32:
+            break
+    paired_b = aligned and pair_b
     assert used + fold_regs <= 32 and used + fold_regs >= sum(budget.values()), "budget and allocation disagree"
     n_regs = used + fold_regs  # loop and fold both allocate upwards from v0
     grouped = lambda first, n: n in (2, 4, 8) and first % n == 0  # noqa: E731
-    b_reg = [[runs[g] + ni for ni in range(na)] for g in range(b_groups)]
-    b_lo = [[runs[b_groups + g] + ni for ni in range(na)] for g in range(b_groups)] if spec.bits == 4 else None
+    if spec.bits == 4:
+        b_reg = [[runs[2 * g] + ni for ni in range(na)] for g in range(b_groups)]
+        b_lo = [[runs[2 * g + 1] + ni for ni in range(na)] for g in range(b_groups)]
+    else:
+        b_reg, b_lo = [[runs[g] + ni for ni in range(na)] for g in range(b_groups)], None
     zpb = runs[-1] if zp_in_b == "asymmetric" else None
 
     ops: list[AsmOp] = []
@@ -266,11 +286,15 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
         raw, idx = b_reg[0][0], b_lo[0][0]
         vl = f"vsetivli zero, {spec.tile_n}, e8, m1, ta, ma" if spec.tile_n < 32 else "vsetvli t0, zero, e8, m1, ta, ma"
         prologue += [AsmOp("vset", vl), AsmOp("vle8", f"vle8.v v{raw}, (%[zp])", "B zero points of the tile's columns")]
+    if paired_b and zpb is not None and not (grouped(zpb, na) or na == 1):
+        paired_b = False  # (cannot happen: the run is aligned to 2 na)
     if zpb is not None and grouped(zpb, na) or (zpb is not None and na == 1):
         # Column c's zero point fills bytes 8c..8c+7 of the run: zero-extend each to 64 bits, times 0x0101..01.
         vl64 = f"vsetivli zero, {spec.tile_n}, e64, m{na}, ta, ma" if spec.tile_n < 32 else f"vsetvli t0, zero, e64, m{na}, ta, ma"
         prologue += [AsmOp("vset", vl64), AsmOp("vzext", f"vzext.vf8 v{zpb}, v{raw}", "one column per 64-bit lane"),
                      AsmOp("vmul", f"vmul.vx v{zpb}, v{zpb}, %[rep]", "zero point in all 8 bytes of its column")]
+        if paired_b:
+            prologue.append(AsmOp("vmv", f"vmv{na}r.v v{zpb + na}, v{zpb}", "again, next to itself: one vsub per raw + low run"))
     elif zpb is not None:
         prologue.append(AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma"))
         for ni in range(na):
@@ -308,10 +332,17 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
                 lo = b_lo[g][ni]
                 ops.append(AsmOp("vand", f"vand.vi v{lo}, v{raw}, 15", "low nibbles"))
                 ops.append(AsmOp("vsrl", f"vsrl.vi v{raw}, v{raw}, 4", "high nibbles"))
-                if zpb is not None:
+                if paired_b:
+                    pass  # one instruction over the raw + low run below
+                elif zpb is not None:
                     ops += [AsmOp("vsub", f"vsub.vv v{r}, v{r}, v{zpb + ni}", "- zero point") for r in (lo, raw)]
                 elif zp_in_b:
                     ops += [AsmOp("vadd", f"vadd.vi v{r}, v{r}, -{1 << (spec.bits - 1)}", "- zero point") for r in (lo, raw)]
+        if paired_b:
+            at_lmul(2 * na)
+            first = b_reg[g][0]
+            ops.append(AsmOp("vsub", f"vsub.vv v{first}, v{first}, v{zpb}", "- zero point, high and low nibbles") if zpb is not None
+                       else AsmOp("vadd", f"vadd.vi v{first}, v{first}, -{1 << (spec.bits - 1)}", "- zero point, high and low nibbles"))
         ops.append(AsmOp("add", "add %[b], %[b], %[bstride]"))
     at_lmul(1)  # vmadot runs at e8, m1, vl = 32
     sign = IME_SIGNEDNESS[bool(zp_in_b) or spec.zero_point == "blksum"]
@@ -326,14 +357,25 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
                 ops.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic(sign, slide)} v{vd}, v{vs1}, v{vs2}"))
     a_step = ku * 8 if (gemv or spec.abi == "mlas") else ku * ma * 32
     ops.append(AsmOp("addi", f"addi %[a], %[a], {a_step}"))
-    fold = _ime_fold(spec, acc, facc)
+    # fp32 accumulators in registers: two register pairs the loop leaves free keep the fold's
+    # lane -> row and lane -> column index tables for the whole tile (loaded once, not per block).
+    tables: tuple[int, int] | None = None
+    if facc and used <= 28:
+        first = -(-used // 2) * 2
+        tables = (first, first + 2) if first + 4 <= 32 else None
+    fold = _ime_fold(spec, acc, facc, tables)
+    if tables and not any(re.search(rf"\bv{tables[0]}\b", op.text) for op in fold):
+        tables = None  # the general fold loads its own
     iterations = spec.block // (8 * ku)
     unrolled = iterations <= MAX_UNROLLED_ITERATIONS
     tile_start = block_end = tile_end = ()
     if facc:
         pairs = [r for row in facc for r in row]
-        tile_start = (AsmOp("vset", "vsetvli t0, zero, e32, m2, ta, ma"),
-                      *(AsmOp("vmv", f"vmv.v.i v{r}, 0", "fp32 accumulators") for r in pairs),
+        loads = () if tables is None else (
+            AsmOp("vle32", f"vle32.v v{tables[1]}, (%[idx])", "lane -> column q, for every block"),
+            AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{tables[0]}, (t1)", "lane -> row r, for every block"))
+        tile_start = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
+                      *(AsmOp("vmv", f"vmv.v.i v{r}, 0", "fp32 accumulators") for r in pairs), *loads,
                       AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
         # A tiles of consecutive blocks lie back to back (the loop leaves %[a] at the next block's);
         # the B data pointer jumps from where the loop left it to the next chunk's.
@@ -350,12 +392,12 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
         iterations_per_block=iterations, a_bytes_per_iteration=a_step,
         b_stride=spec.panel * 8,  # a panel's B tiles for one 16-k (4-bit) or 8-k (8-bit) group
         b_walk=iterations * b_groups * spec.panel * 8,
-        clobbers=tuple(f"v{r}" for r in range(max(n_regs, _highest_pair_end(fold)))),
+        clobbers=tuple(f"v{r}" for r in range(max(n_regs, _highest_pair_end(fold), _highest_pair_end(tile_start)))),
         facc_floats=2 * spec.tile_n if gemv else ma * na * 16,
         facc_at="j" if gemv else f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4",
         vmadots_per_tile_block=(spec.block // 8) * ma * na,
         facc_regs=facc, tile_start=tile_start, block_end=block_end, tile_end=tile_end,
-        acc_zero=_acc_zero(2 * ma * na), unrolled=unrolled, entry_vset=not _sets_vtype_first(ops),
+        acc_zero=_acc_zero(2 * ma * na, on_vfp=not gemv), unrolled=unrolled, entry_vset=not _sets_vtype_first(ops),
     )
 
 
@@ -370,12 +412,16 @@ def _sets_vtype_first(body: list[AsmOp]) -> bool:
     return False
 
 
-def _acc_zero(n_regs: int) -> tuple[AsmOp, ...]:
-    ops: list[AsmOp] = []
+def _acc_zero(n_regs: int, on_vfp: bool) -> tuple[AsmOp, ...]:
+    """The int32 accumulators = 0, one instruction per LMUL-8 group. `on_vfp` (the gemm folds leave
+    ft1 alone): as +0.0f splats, whose bits are 0, so the FP unit does it while the integer unit
+    unpacks B."""
+    ops: list[AsmOp] = [AsmOp("fmv", "fmv.w.x ft1, zero", "+0.0f")] if on_vfp else []
     vt = _Vtype(ops)
     for first, g in acc_groups(n_regs):
         vt(None, "e32", f"m{g}")
-        ops.append(AsmOp("vmv", f"vmv.v.i v{first}, 0", f"int32 accumulators v{first}-v{first + g - 1}"))
+        what = f"int32 accumulators v{first}-v{first + g - 1}"
+        ops.append(AsmOp("vfmv", f"vfmv.v.f v{first}, ft1", what) if on_vfp else AsmOp("vmv", f"vmv.v.i v{first}, 0", what))
     return tuple(ops)
 
 
@@ -395,7 +441,8 @@ def _scale_load(spec: KernelSpec, dst: int, tmp: int, ni: int, vset, lanes: str 
             AsmOp("vle32", f"vle32.v v{dst}, (t1)", f"B scales, cols {4 * ni}..{4 * ni + 3}")]
 
 
-def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc: tuple[tuple[int, ...], ...] = ()) -> tuple[AsmOp, ...]:
+def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc: tuple[tuple[int, ...], ...] = (),
+              tables: tuple[int, int] | None = None) -> tuple[AsmOp, ...]:
     """Per block, on the int32 accumulator pairs (16 lanes = a 4x4 tile, lane 4r+q):
     facc += float(dot - zp[q] * sum_a[r]) * (scale_a[r] * scale_b[q]), or with MLAS block sums
     facc += float(dot) * (scale_a[r] * scale_b[q]) + blksum_a[r] * blksum_b[q].
@@ -409,6 +456,10 @@ def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc: tuple[tu
     if spec.tile_m == 1:
         return _gemv_fold(spec, acc[0])
     if zero_points_in_b(spec):
+        if tables:
+            fast = _grouped_signed_fold(spec, acc, [r for r in free if r not in tables], facc, tables)
+            if fast is not None:
+                return fast
         return _signed_fold(spec, acc, free, facc)
     IDXC, IDXR, SA, AS, X4, SB, Y, ZP = free[:8]
     asym, blksum = spec.zero_point == "asymmetric", spec.zero_point == "blksum"
@@ -475,14 +526,15 @@ class _Vtype:
 
 
 def _grouped_signed_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], free: list[int],
-                         facc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp, ...] | None:
+                         facc: tuple[tuple[int, ...], ...], tables: tuple[int, int] | None = None) -> tuple[AsmOp, ...] | None:
     """The signed fold with few instructions, for tiles of at most 16 columns whose accumulators
     are v0.. and whose free register pairs hold every row tile's spread A scales plus 4 (5 with the
     fp32 accumulators in memory): all accumulators converted to fp32 by one instruction per
     LMUL-8 group; the 4 x ma A scales by one strided load, spread per row tile by vrgather with a
     lane -> row index advanced by 4; the TN B scales by one load (fp16: and one vfwcvt), spread
-    per column tile by vrgather with a lane -> column index advanced by 4. None: use _signed_fold's
-    general form."""
+    per column tile by vrgather with a lane -> column index advanced by 4. With `tables` (lane ->
+    row, lane -> column pairs loaded once per tile) the advanced indices go to a temporary. None:
+    use _signed_fold's general form."""
     ma, na, tn = len(acc), len(acc[0]), spec.tile_n
     if tn > 16 or len(free) < ma + (4 if facc else 5) or sorted(r for row in acc for r in row) != list(range(0, 2 * ma * na, 2)):
         return None
@@ -507,16 +559,27 @@ def _grouped_signed_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], fre
         vt(4 * ma, "e32", "m2")
     ops.append(AsmOp("vlse32", f"vlse32.v v{X}, (%[sa]), %[sas]", f"A scales, rows 0..{4 * ma - 1}"))
     vt(16, "e32", "m2")
-    ops += [AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{IDXR}, (t1)", "lane -> row r")]
+
+    def index(base: int, step: int, what: str) -> int:
+        """The index table `base` advanced by `step` (in place, or into Y when it is kept)."""
+        if not step:
+            return base
+        dst = Y if tables else base
+        ops.append(AsmOp("vadd", f"vadd.vi v{dst}, v{base}, {step if tables else 4}", what))
+        return dst
+
+    if tables:
+        IDXR, IDXC = tables
+    else:
+        ops += [AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{IDXR}, (t1)", "lane -> row r")]
     for mi in range(ma):
-        if mi:
-            ops.append(AsmOp("vadd", f"vadd.vi v{IDXR}, v{IDXR}, 4", "-> row 4mi + r"))
-        ops.append(AsmOp("vrgather", f"vrgather.vv v{SAS[mi]}, v{X}, v{IDXR}", f"A scales spread, rows {4 * mi}..{4 * mi + 3}"))
-    ops.append(AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q"))
+        idx = index(IDXR, 4 * mi, "-> row 4mi + r")
+        ops.append(AsmOp("vrgather", f"vrgather.vv v{SAS[mi]}, v{X}, v{idx}", f"A scales spread, rows {4 * mi}..{4 * mi + 3}"))
+    if not tables:
+        ops.append(AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q"))
     for ni in range(na):
-        if ni:
-            ops.append(AsmOp("vadd", f"vadd.vi v{IDXC}, v{IDXC}, 4", "-> column 4ni + q"))
-        ops.append(AsmOp("vrgather", f"vrgather.vv v{SB}, v{SRC}, v{IDXC}", f"B scales spread, cols {4 * ni}..{4 * ni + 3}"))
+        idx = index(IDXC, 4 * ni, "-> column 4ni + q")
+        ops.append(AsmOp("vrgather", f"vrgather.vv v{SB}, v{SRC}, v{idx}", f"B scales spread, cols {4 * ni}..{4 * ni + 3}"))
         for mi in range(ma):
             vd = acc[mi][ni]
             ops.append(AsmOp("vfmul", f"vfmul.vv v{Y}, v{SAS[mi]}, v{SB}", "scale_a * scale_b"))

@@ -171,3 +171,31 @@ def test_fp16_scale_conversion_matches_numpy(tmp_path):
     want = np.clip(values, -65504, 65504).astype(np.float16)  # the packer saturates: stored scales are finite
     np.testing.assert_array_equal(rec["h"], want.view(np.uint16))
     np.testing.assert_array_equal(rec["f"], want.astype(np.float32))
+
+
+@pytest.mark.parametrize("settings", [
+    "tile = 8x8  k_unroll = 2  panel = 16  zero_point = asymmetric  scale_type = fp16  scales = inline  block = 32",
+    "tile = 4x16  k_unroll = 2  panel = 32  zero_point = symmetric  scale_type = fp32  scales = separate  block = 64  bias = yes",
+    "tile = 4x8  k_unroll = 4  panel = 8  zero_point = asymmetric  scale_type = fp32  scales = separate  block = 128  unpack = interleaved",
+])
+def test_fp32_accumulators_in_registers_over_many_blocks(settings):
+    """Tiles whose fp32 accumulators stay in registers run one asm statement over all K blocks
+    (pointers stepped by the layout's strides): many blocks, a partial last one and a partial
+    last panel must match the reference, with both compilers."""
+    from imegen.ir import fp32_acc_in_registers
+
+    spec = specs_from_text(f"kernel inreg {{ target = ime  compute = int8  bits = 4  {settings} }}")[0]
+    plan = plan_kernel(spec)
+    assert fp32_acc_in_registers(spec) and plan.ime.whole_k
+    cases = make_cases(plan, np.random.default_rng(11), [(9, 21, 13 * spec.block + 7), (8, 40, spec.block)], exact=True)
+    for compiler in ("clang", "gcc"):
+        for case, result in zip(cases, run_cases(build(plan, compiler=compiler), cases, vlen=256)):
+            assert compare(plan, case, result, exact=True).ok, compiler
+
+
+def test_large_tiles_keep_fp32_accumulators_in_memory():
+    from imegen.ir import fp32_acc_in_registers
+
+    for text in ("tile = 8x16  k_unroll = 2  panel = 16", "tile = 8x8  k_unroll = 4  panel = 8  zero_point = asymmetric", "tile = 8x8  bits = 8  k_unroll = 2  panel = 8"):
+        spec = specs_from_text(f"kernel mem {{ target = ime  compute = int8  {text} }}")[0]
+        assert not fp32_acc_in_registers(spec) and not plan_kernel(spec).ime.whole_k

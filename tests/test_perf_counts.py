@@ -127,7 +127,9 @@ def test_extrapolated_counts_equal_a_direct_run(plugin_so, name):
             assert got[key] == value, key
     callee = sum(v for k, v in direct.matmul.items() if k.startswith("callee.") and k.count(".") == 1)
     got_callee = sum(v for k, v in got.items() if k.startswith("callee.") and k.count(".") == 1)
-    assert got_callee == pytest.approx(callee, rel=0.05)  # memset/roundf lengths and values vary a little
+    # memset/roundf lengths and values vary a little (a memset's path depends on its length: tens of
+    # instructions when the only callee left is A preparation's one memset per call)
+    assert got_callee == pytest.approx(callee, rel=0.05, abs=40)
     if spec.target == "ime":
         assert direct.emulated_vmadots == got["kernel.vmadot"] == 3 * 3 * 3 * 16
 

@@ -77,6 +77,7 @@ def configs(draw) -> dict:
 # --- IME inner-loop invariants -----------------------------------------------------------
 
 VLE8 = re.compile(r"vle8\.v v(\d+), \((?:%\[a\]|%\[b\]|t1)\)")
+VLR = re.compile(r"vl([1248])re8\.v v(\d+), \((?:%\[a\]|%\[b\]|t1)\)")  # whole registers: no vtype
 VALU = re.compile(r"v(?:and|srl)\.vi v(\d+), v(\d+), (\d+)")
 VZP = re.compile(r"v(?:sub\.vv v(\d+), v(\d+), v(\d+)|add\.vi v(\d+), v(\d+), -8)")  # B - zero point
 VSET8 = re.compile(r"vsetvli t0, zero, e8, m([1248]), ta, ma")
@@ -108,12 +109,21 @@ def check_ime_body(plan: KernelPlan) -> None:
         elif m := re.fullmatch(r"vmul\.vx v(\d+), v(\d+), %\[rep\]", op.text):
             assert m[1] == m[2] and any(o.text.startswith(f"vzext.vf8 v{m[1]}, ") for o in I.prologue), op.text
             zpb |= set(range(int(m[1]), int(m[1]) + lmul64))
+        elif m := re.fullmatch(r"vmv([1248])r\.v v(\d+), v(\d+)", op.text):  # a copy of the spread run
+            n, dst, src = map(int, m.groups())
+            assert set(range(src, src + n)) <= zpb, op.text
+            zpb |= set(range(dst, dst + n))
     group = 1  # LMUL of e8 ops: the template enters the loop at m1, every iteration must end there
     for op in I.body:
         regs = lambda first: set(range(first, first + group))  # noqa: E731
         if op.kind == "vset":
             m = VSET8.fullmatch(op.text)
             group = int(m[1]) if m else 0
+        elif op.kind == "vle8" and (w := VLR.fullmatch(op.text)):
+            n, first = int(w[1]), int(w[2])
+            assert first % n == 0, op.text
+            written |= set(range(first, first + n))
+            loads.update(range(first, first + n))
         elif op.kind == "vle8":
             m = VLE8.fullmatch(op.text)
             assert m, op.text
