@@ -80,6 +80,8 @@ class ImePlan:
     tile_end: tuple[AsmOp, ...] = ()
 
     acc_zero: tuple[AsmOp, ...] = ()  # per block: the int32 accumulators = 0, one vmv per LMUL-8 group
+    index16: tuple[int, ...] = ()  # the e16 index tables of _paired_column_fold, when it is used
+    row_step: int = 0  # its scalar step of the row table
     unrolled: bool = False  # few iterations per block: the body is repeated, no loop counter or branch
     entry_vset: bool = True  # the body relies on entering at e8, m1 (else it sets vtype itself first)
 
@@ -360,20 +362,28 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     # fp32 accumulators in registers: two register pairs the loop leaves free keep the fold's
     # lane -> row and lane -> column index tables for the whole tile (loaded once, not per block).
     tables: tuple[int, int] | None = None
-    if facc and used <= 28:
-        first = -(-used // 2) * 2
-        tables = (first, first + 2) if first + 4 <= 32 else None
-    fold = _ime_fold(spec, acc, facc, tables)
-    if tables and not any(re.search(rf"\bv{tables[0]}\b", op.text) for op in fold):
-        tables = None  # the general fold loads its own
+    table_loads: tuple[AsmOp, ...] = ()
+    fold = None
+    t4 = -(-used // 4) * 4
+    if facc and na == 2 and ma <= 2 and t4 + 4 <= 32:
+        fold = _paired_column_fold(spec, acc, facc, t4)
+        table_loads = (AsmOp("vle16", f"vl4re16.v v{t4}, (%[idx16])", "e16 index tables: lane -> row, lane -> column, for every block"),)
+    if fold is None:
+        if facc and used <= 28:
+            first = -(-used // 2) * 2
+            tables = (first, first + 2) if first + 4 <= 32 else None
+        fold = _ime_fold(spec, acc, facc, tables)
+        if tables and not any(re.search(rf"\bv{tables[0]}\b", op.text) for op in fold):
+            tables = None  # the general fold loads its own
+        if tables:
+            table_loads = (AsmOp("vle32", f"vle32.v v{tables[1]}, (%[idx])", "lane -> column q, for every block"),
+                           AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{tables[0]}, (t1)", "lane -> row r, for every block"))
     iterations = spec.block // (8 * ku)
     unrolled = iterations <= MAX_UNROLLED_ITERATIONS
     tile_start = block_end = tile_end = ()
     if facc:
         pairs = [r for row in facc for r in row]
-        loads = () if tables is None else (
-            AsmOp("vle32", f"vle32.v v{tables[1]}, (%[idx])", "lane -> column q, for every block"),
-            AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{tables[0]}, (t1)", "lane -> row r, for every block"))
+        loads = table_loads
         tile_start = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
                       *(AsmOp("vmv", f"vmv.v.i v{r}, 0", "fp32 accumulators") for r in pairs), *loads,
                       AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
@@ -397,6 +407,7 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
         facc_at="j" if gemv else f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4",
         vmadots_per_tile_block=(spec.block // 8) * ma * na,
         facc_regs=facc, tile_start=tile_start, block_end=block_end, tile_end=tile_end,
+        index16=PAIRED_FOLD_INDEX if any("%[idx16]" in op.text for op in tile_start) else (), row_step=ROW_STEP,
         acc_zero=_acc_zero(2 * ma * na, on_vfp=not gemv), unrolled=unrolled, entry_vset=not _sets_vtype_first(ops),
     )
 
@@ -588,6 +599,56 @@ def _grouped_signed_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], fre
             else:
                 ops += [AsmOp("addi", f"addi t1, %[facc], {(mi * na + ni) * 64}"), AsmOp("vle32", f"vle32.v v{FT}, (t1)"),
                         AsmOp("vfmacc", f"vfmacc.vv v{FT}, v{vd}, v{Y}"), AsmOp("vse32", f"vse32.v v{FT}, (t1)")]
+    return tuple(ops)
+
+
+# e16 index tables of _paired_column_fold (32 lanes each): lane -> row r of its 4x4 tile, and lane ->
+# the B scale (lanes 16.. of the scale group) of column tile lane / 16, column q.
+PAIRED_FOLD_INDEX = tuple((lane % 16) // 4 for lane in range(32)) + tuple(16 + 4 * (lane // 16) + lane % 4 for lane in range(32))
+ROW_STEP = 4 | 4 << 16  # + 4 to both e16 indices of an e32 lane: the next row tile's scales
+
+
+def _paired_column_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc: tuple[tuple[int, ...], ...],
+                        tables: int) -> tuple[AsmOp, ...] | None:
+    """The fold of two-column-tile (TN = 8) kernels with the fp32 accumulators in registers, on
+    LMUL-4 groups: row tile mi's two accumulator pairs (and fp32 pairs) lie side by side, so
+    facc[mi] += float(dot[mi]) * (A scales of mi spread twice) * (B scales of both column tiles)
+    is one vfmul and one vfmacc. The A scales (lanes 0..) and B scales (lanes 16..23) share one
+    group S, spread by vrgatherei16 with the tables kept at v`tables` (PAIRED_FOLD_INDEX); the row
+    table steps by ROW_STEP in place per row tile and back at the end. None when the tile's
+    registers do not fit this form."""
+    ma, na = len(acc), len(acc[0])
+    taken = {r for row in (*acc, *facc) for p in row for r in (p, p + 1)} | set(range(tables, tables + 4))
+    groups = [g for g in range(0, 32, 4) if not taken & set(range(g, g + 4))]
+    if na != 2 or ma > 2 or len(groups) < 3 or any(row[1] != row[0] + 2 or row[0] % 4 for row in (*acc, *facc)):
+        return None
+    S, SA, SB = groups[:3]
+    T_ROW, T_COL = tables, tables + 2
+    ops: list[AsmOp] = []
+    vt = _Vtype(ops)
+    for first, g in acc_groups(2 * ma * na):
+        vt(None, "e32", f"m{g}")
+        ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
+    if spec.scale_type == "fp16":
+        vt(8, "e16", "mf2")
+        ops += [AsmOp("vle16", f"vle16.v v{SA}, (%[sb])", "B fp16 scales, cols 0..7"),
+                AsmOp("vfwcvt", f"vfwcvt.f.f.v v{S + 2}, v{SA}", "widened to fp32, lanes 16..23")]
+    else:
+        vt(8, "e32", "m1")
+        ops.append(AsmOp("vle32", f"vle32.v v{S + 2}, (%[sb])", "B scales, cols 0..7, lanes 16..23"))
+    if 4 * ma != 8:
+        vt(4 * ma, "e32", "m1")
+    ops.append(AsmOp("vlse32", f"vlse32.v v{S}, (%[sa]), %[sas]", f"A scales, rows 0..{4 * ma - 1}, lanes 0.."))
+    vt(None, "e32", "m4")
+    ops.append(AsmOp("vrgather", f"vrgatherei16.vv v{SB}, v{S}, v{T_COL}", "B scales spread over both column tiles"))
+    for mi in range(ma):
+        if mi:
+            ops.append(AsmOp("vadd", f"vadd.vx v{tables}, v{tables}, %[rowstep]", "row table -> next row tile (column table too: used)"))
+        ops += [AsmOp("vrgather", f"vrgatherei16.vv v{SA}, v{S}, v{T_ROW}", f"A scales of rows {4 * mi}..{4 * mi + 3}, twice"),
+                AsmOp("vfmul", f"vfmul.vv v{SA}, v{SA}, v{SB}", "scale_a * scale_b"),
+                AsmOp("vfmacc", f"vfmacc.vv v{facc[mi][0]}, v{acc[mi][0]}, v{SA}", f"row tile {mi}, both column tiles")]
+    if ma > 1:
+        ops.append(AsmOp("vsub", f"vsub.vx v{tables}, v{tables}, %[rowstep]", "both tables back"))
     return tuple(ops)
 
 
