@@ -133,11 +133,11 @@ def test_regression_ime_loop_count_equal_to_b_stride():
 
 
 @pytest.mark.parametrize("text, shape, host", [
-    ("kernel mb { target = scalar  compute = fp32  tile = 3x4  panel = 4 }", (40, 5, 4096), True),  # 16 KB rows: 15-row blocks
-    ("kernel mb { target = ime  compute = int8  tile = 4x8  panel = 8 }", (70, 9, 8192), False),  # 8.7 KB rows: 28-row blocks
+    ("kernel mb { target = scalar  compute = fp32  tile = 3x4  panel = 4 }", (40, 5, 4096), True),  # 16 KB rows: 24-row blocks
+    ("kernel mb { target = ime  compute = int8  tile = 4x8  panel = 8 }", (90, 9, 8192), False),  # 10 KB rows: 36-row blocks, two whole and a partial one
 ])
 def test_m_blocking_across_several_blocks(text, shape, host):
-    """A's workspace rows per M block fit half the L2; several blocks (and a partial one) must agree."""
+    """A's workspace rows per M block fit 3/4 of the L2; several blocks (and a partial one) must agree."""
     plan = plan_kernel(specs_from_text(text)[0])
     cases = make_cases(plan, np.random.default_rng(6), [shape], exact=False)
     [result] = run_cases(build(plan, host=host), cases, vlen=None if host else 256)

@@ -35,7 +35,7 @@ cache-miss stalls are NOT modeled, so core time is optimistic for code with long
 chains. Kernel time = max(core time, DRAM time): transfers overlap computation perfectly.
 
 DRAM traffic of one matmul call (abi_imegen.c.j2's loop order: M blocks whose workspace rows fit
-half the L2, then N tiles, then M tiles): the packed B once per M block; A (fp32) read once; the A
+3/4 of the L2 (plan.A_BLOCK_BYTES), then N tiles, then M tiles): the packed B once per M block; A (fp32) read once; the A
 workspace written once and re-read from L2; C written once. L1/L2 bandwidth is not modeled.
 
 Roofline: max(2MNK / IME peak of the cores used, compulsory bytes / 5.24 GB/s), compulsory
