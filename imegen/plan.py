@@ -213,6 +213,9 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     b_groups = ku // 2 if spec.bits == 4 else ku
     a_group = 0 if (gemv or spec.abi == "mlas") else ku * ma  # the A tiles of one iteration lie back to back
     in_regs = fp32_acc_in_registers(spec)
+    # fp32 accumulators in memory, two row tiles, at most 16 columns: _column_pair_fold, on
+    # accumulators (and fp32 accumulators in memory) grouped by column tile.
+    by_column = not in_regs and bool(zp_in_b) and ma == 2 and spec.tile_n <= 16
 
     def allocate(aligned: bool, pair_b: bool = False):
         """Registers upwards from v0; a power-of-two run of up to 8 registers loaded or unpacked
@@ -229,7 +232,11 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
             first, next_reg = next_reg, next_reg + n
             return first
 
-        acc = tuple(tuple(take(2) for _ in range(na)) for _ in range(ma))
+        if by_column:  # [ni][mi]: a column tile's two row-tile pairs side by side (an LMUL-4 group)
+            cols = [tuple(take(2) for _ in range(ma)) for _ in range(na)]
+            acc = tuple(tuple(cols[ni][mi] for ni in range(na)) for mi in range(ma))
+        else:
+            acc = tuple(tuple(take(2) for _ in range(na)) for _ in range(ma))
         facc = tuple(tuple(take(2) for _ in range(na)) for _ in range(ma)) if in_regs else ()
         if pair_b:  # runs = [raw 0, low 0, raw 1, low 1, ..., zero points (2 na)]
             pairs = [take(2 * na, group=True) for _ in range(b_groups)]
@@ -365,9 +372,9 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     # lane -> row and lane -> column index tables for the whole tile (loaded once, not per block).
     tables: tuple[int, int] | None = None
     table_loads: tuple[AsmOp, ...] = ()
-    fold = None
+    fold = _column_pair_fold(spec, acc) if by_column else None
     t4 = -(-used // 4) * 4
-    if facc and na == 2 and ma <= 2 and t4 + 4 <= 32:
+    if fold is None and facc and na == 2 and ma <= 2 and t4 + 4 <= 32:
         fold = _paired_column_fold(spec, acc, facc, t4)
         table_loads = (AsmOp("vle16", f"vl4re16.v v{t4}, (%[idx16])", "e16 index tables: lane -> row, lane -> column, for every block"),)
     if fold is None:
@@ -406,7 +413,8 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
         b_walk=iterations * b_groups * spec.panel * 8,
         clobbers=tuple(f"v{r}" for r in range(max(n_regs, _highest_pair_end(fold), _highest_pair_end(tile_start)))),
         facc_floats=2 * spec.tile_n if gemv else ma * na * 16,
-        facc_at="j" if gemv else f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4",
+        facc_at="j" if gemv else (f"(j / 4 * {ma} + i / 4) * 16 + i % 4 * 4 + j % 4" if by_column
+                                  else f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4"),
         vmadots_per_tile_block=(spec.block // 8) * ma * na,
         facc_regs=facc, tile_start=tile_start, block_end=block_end, tile_end=tile_end,
         index16=PAIRED_FOLD_INDEX if any("%[idx16]" in op.text for op in tile_start) else (), row_step=ROW_STEP,
@@ -439,9 +447,10 @@ def _acc_zero(n_regs: int, on_vfp: bool) -> tuple[AsmOp, ...]:
 
 
 def _highest_pair_end(ops: tuple[AsmOp, ...]) -> int:
-    """One past the highest vector register the fold touches (its operands are at most register pairs)."""
+    """One past the highest vector register the ops may touch: operands above the accumulators
+    are at most LMUL-4 groups (a few extra clobbers are harmless)."""
     regs = [int(r) for op in ops for r in re.findall(r"\bv(\d+)\b", op.text)]
-    return min(32, max(regs, default=-2) + 2)
+    return min(32, max(regs, default=-4) + 4)
 
 
 def _scale_load(spec: KernelSpec, dst: int, tmp: int, ni: int, vset, lanes: str = "e32, m1") -> list[AsmOp]:
@@ -604,6 +613,52 @@ def _grouped_signed_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], fre
     return tuple(ops)
 
 
+def _column_pair_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tuple[AsmOp, ...]:
+    """The fold of two-row-tile kernels (TM = 8, TN <= 16) with the fp32 accumulators in memory,
+    grouped by column tile ([ni][mi] in registers and in facc): per column tile one LMUL-4 load,
+    multiply-add and store of its 2 x 16 fp32 accumulators, with the product of both row tiles'
+    spread A scales (an LMUL-4 group) and its spread B scales (gathered once, copied next to
+    themselves). Registers above the accumulators: A scales 4, B scales 2, column index 2,
+    B scales twice / products 4, fp32 accumulators 4."""
+    ma, na, tn = len(acc), len(acc[0]), spec.tile_n
+    base = 4 * na
+    SA, SRC, IDXC, SB, F = base, base + 4, base + 6, base + 8, base + 12
+    X, IDXR = SB, F  # staging, dead before SB and F are written
+    ops: list[AsmOp] = []
+    vt = _Vtype(ops)
+    for first, g in acc_groups(2 * ma * na):
+        vt(None, "e32", f"m{g}")
+        ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
+    if spec.scale_type == "fp16":
+        vt(tn, "e16", "m1")
+        ops += [AsmOp("vle16", f"vle16.v v{IDXC}, (%[sb])", f"B fp16 scales, cols 0..{tn - 1}"),
+                AsmOp("vfwcvt", f"vfwcvt.f.f.v v{SRC}, v{IDXC}", "widened to fp32")]
+    else:
+        vt(tn, "e32", "m2")
+        ops.append(AsmOp("vle32", f"vle32.v v{SRC}, (%[sb])", f"B scales, cols 0..{tn - 1}"))
+    if 4 * ma != tn:
+        vt(4 * ma, "e32", "m2")
+    ops.append(AsmOp("vlse32", f"vlse32.v v{X}, (%[sa]), %[sas]", f"A scales, rows 0..{4 * ma - 1}"))
+    vt(16, "e32", "m2")
+    ops += [AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{IDXR}, (t1)", "lane -> row r"),
+            AsmOp("vrgather", f"vrgather.vv v{SA}, v{X}, v{IDXR}", "A scales spread, rows 0..3"),
+            AsmOp("vadd", f"vadd.vi v{IDXR}, v{IDXR}, 4", "-> row 4 + r"),
+            AsmOp("vrgather", f"vrgather.vv v{SA + 2}, v{X}, v{IDXR}", "A scales spread, rows 4..7"),
+            AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q")]
+    for ni in range(na):
+        vt(16, "e32", "m2")
+        if ni:
+            ops.append(AsmOp("vadd", f"vadd.vi v{IDXC}, v{IDXC}, 4", "-> column 4ni + q"))
+        ops += [AsmOp("vrgather", f"vrgather.vv v{SB}, v{SRC}, v{IDXC}", f"B scales spread, cols {4 * ni}..{4 * ni + 3}"),
+                AsmOp("vmv", f"vmv2r.v v{SB + 2}, v{SB}", "again, for the second row tile")]
+        vt(None, "e32", "m4")
+        ops += [AsmOp("vfmul", f"vfmul.vv v{SB}, v{SB}, v{SA}", "scale_a * scale_b, both row tiles"),
+                AsmOp("addi", f"addi t1, %[facc], {ni * ma * 64}"), AsmOp("vle32", f"vle32.v v{F}, (t1)"),
+                AsmOp("vfmacc", f"vfmacc.vv v{F}, v{acc[0][ni]}, v{SB}", f"cols {4 * ni}..{4 * ni + 3}, both row tiles"),
+                AsmOp("vse32", f"vse32.v v{F}, (t1)")]
+    return tuple(ops)
+
+
 # e16 index tables of _paired_column_fold (32 lanes each): lane -> row r of its 4x4 tile, and lane ->
 # the B scale (lanes 16.. of the scale group) of column tile lane / 16, column q.
 PAIRED_FOLD_INDEX = tuple((lane % 16) // 4 for lane in range(32)) + tuple(16 + 4 * (lane // 16) + lane % 4 for lane in range(32))
@@ -644,13 +699,16 @@ def _paired_column_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc
     vt(None, "e32", "m4")
     ops.append(AsmOp("vrgather", f"vrgatherei16.vv v{SB}, v{S}, v{T_COL}", "B scales spread over both column tiles"))
     for mi in range(ma):
-        if mi:
-            ops.append(AsmOp("vadd", f"vadd.vx v{tables}, v{tables}, %[rowstep]", "row table -> next row tile (column table too: used)"))
+        if mi:  # on the row table's 2 registers only (half the integer-unit beats of LMUL 4)
+            vt(16, "e32", "m2")
+            ops.append(AsmOp("vadd", f"vadd.vx v{T_ROW}, v{T_ROW}, %[rowstep]", "row table -> next row tile"))
+            vt(None, "e32", "m4")
         ops += [AsmOp("vrgather", f"vrgatherei16.vv v{SA}, v{S}, v{T_ROW}", f"A scales of rows {4 * mi}..{4 * mi + 3}, twice"),
                 AsmOp("vfmul", f"vfmul.vv v{SA}, v{SA}, v{SB}", "scale_a * scale_b"),
                 AsmOp("vfmacc", f"vfmacc.vv v{facc[mi][0]}, v{acc[mi][0]}, v{SA}", f"row tile {mi}, both column tiles")]
     if ma > 1:
-        ops.append(AsmOp("vsub", f"vsub.vx v{tables}, v{tables}, %[rowstep]", "both tables back"))
+        vt(16, "e32", "m2")
+        ops.append(AsmOp("vsub", f"vsub.vx v{T_ROW}, v{T_ROW}, %[rowstep]", "row table back"))
     return tuple(ops)
 
 
