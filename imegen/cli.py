@@ -151,8 +151,11 @@ def explain(plan: KernelPlan) -> str:
         I = plan.ime
         regs = ", ".join(f"v{vd}-v{vd + 1}" for row in I.acc_regs for vd in row)
         mix = Counter(op.kind for op in I.body)
+        where = ("fp32 accumulators in registers " + ", ".join(f"v{r}-v{r + 1}" for row in I.facc_regs for r in row)
+                 + "; one asm statement loops over all blocks") if I.whole_k else "fp32 accumulators in memory; one asm statement per block"
         lines += [f"  ime         {I.ma}x{I.na} vmadot tiles; int32 accumulator pairs {regs}",
-                  f"              {I.iterations_per_block} iterations per block; per iteration: "
+                  f"              {where}",
+                  f"              {I.iterations_per_block} iterations per block{' (unrolled)' if I.unrolled else ''}; per iteration: "
                   + ", ".join(f"{n} {k}" for k, n in sorted(mix.items())),
                   "  inner loop:"]
         lines += [f"    {op.text:<28} {('# ' + op.comment) if op.comment else ''}".rstrip() for op in I.body]

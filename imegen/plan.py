@@ -82,6 +82,7 @@ class ImePlan:
     tile_end: tuple[AsmOp, ...] = ()
 
     acc_zero: tuple[AsmOp, ...] = ()  # per block: the int32 accumulators = 0, one vmv per LMUL-8 group
+    direct_store: bool = False  # whole tiles are stored to C by the asm (tile_end), edge tiles via facc
     index16: tuple[int, ...] = ()  # the e16 index tables of _paired_column_fold, when it is used
     row_step: int = 0  # its scalar step of the row table
     unrolled: bool = False  # few iterations per block: the body is repeated, no loop counter or branch
@@ -324,7 +325,8 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
                 ops.append(AsmOp("vlse64", f"vlse64.v v{a_reg[s][mi]}, (t1), %[lda]", f"A rows {4 * mi}..{4 * mi + 3}, k-step {s}"))
         lmul_now = None
     elif grouped(a_reg[0][0], a_group):  # a whole-register load: needs no vtype
-        ops += [AsmOp("vle8", f"vl{a_group}re8.v v{a_reg[0][0]}, (%[a])", f"A: {ku} k-steps x {ma} tiles, v{a_reg[0][0]}-v{a_reg[0][0] + a_group - 1}")]
+        first = a_reg[0][0]
+        ops += [AsmOp("vle8", f"vl{a_group}re8.v v{first}, (%[a])", f"A: {ku} k-steps x {ma} tiles, v{first}-v{first + a_group - 1}")]
     else:
         for s in range(ku):
             for mi in range(ma):
@@ -390,6 +392,7 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     iterations = spec.block // (8 * ku)
     unrolled = iterations <= MAX_UNROLLED_ITERATIONS
     tile_start = block_end = tile_end = ()
+    direct_store = bool(facc) and not spec.bias and ma * na >= 2
     if facc:
         pairs = [r for row in facc for r in row]
         loads = table_loads
@@ -403,9 +406,27 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
                      *((AsmOp("add", "add %[zp], %[zp], %[zps]", "next block's zero points"),) if zp_in_b == "asymmetric" else ()),
                      AsmOp("addi", "addi %[sa], %[sa], 4", "next block's A scales"),
                      AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
-        tile_end = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
-                    *(op for mi, row in enumerate(facc) for ni, r in enumerate(row)
-                      for op in (AsmOp("addi", f"addi t1, %[facc], {(mi * na + ni) * 64}"), AsmOp("vse32", f"vse32.v v{r}, (t1)"))))
+        to_facc = tuple(op for mi, row in enumerate(facc) for ni, r in enumerate(row)
+                        for op in (AsmOp("addi", f"addi t1, %[facc], {(mi * na + ni) * 64}"), AsmOp("vse32", f"vse32.v v{r}, (t1)")))
+        if direct_store:
+            # A whole tile (no bias) goes straight to C: one indexed store per accumulator pair, at byte
+            # offsets r * ldc * 4 + q * 4 of lane 4r + q (built in the dead int32 accumulators).
+            T, Q = acc[0][0], acc[0][1] if na > 1 else acc[1][0]
+            to_c = [AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{T}, (t1)", "lane -> row r"),
+                    AsmOp("vmul", f"vmul.vx v{T}, v{T}, %[ldc4]", "r * ldc * 4"),
+                    AsmOp("vle32", f"vle32.v v{Q}, (%[idx])", "lane -> column q"), AsmOp("vsll", f"vsll.vi v{Q}, v{Q}, 2"),
+                    AsmOp("vadd", f"vadd.vv v{T}, v{T}, v{Q}", "byte offsets in C"),
+                    AsmOp("slli", "slli t2, %[ldc4], 2", "4 rows of C"), AsmOp("mv", "mv t0, %[c]")]
+            for mi, row in enumerate(facc):
+                if mi:
+                    to_c.append(AsmOp("add", "add t0, t0, t2"))
+                for ni, r in enumerate(row):
+                    to_c += [AsmOp("addi", f"addi t1, t0, {16 * ni}"),
+                             AsmOp("vsuxei32", f"vsuxei32.v v{r}, (t1), v{T}", f"C rows {4 * mi}.., cols {4 * ni}..")]
+            tile_end = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"), AsmOp("beqz", "beqz %[full], 3f", "an edge tile: via facc"),
+                        *to_c, AsmOp("j", "j 4f"), AsmOp("label", "3:"), *to_facc, AsmOp("label", "4:"))
+        else:
+            tile_end = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"), *to_facc)
     return ImePlan(
         ma=ma, na=na, acc_regs=acc, prologue=tuple(prologue), body=tuple(ops), fold=fold,
         iterations_per_block=iterations, a_bytes_per_iteration=a_step,
@@ -416,7 +437,7 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
         facc_at="j" if gemv else (f"(j / 4 * {ma} + i / 4) * 16 + i % 4 * 4 + j % 4" if by_column
                                   else f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4"),
         vmadots_per_tile_block=(spec.block // 8) * ma * na,
-        facc_regs=facc, tile_start=tile_start, block_end=block_end, tile_end=tile_end,
+        facc_regs=facc, direct_store=direct_store, tile_start=tile_start, block_end=block_end, tile_end=tile_end,
         index16=PAIRED_FOLD_INDEX if any("%[idx16]" in op.text for op in tile_start) else (), row_step=ROW_STEP,
         acc_zero=_acc_zero(2 * ma * na, on_vfp=not gemv), unrolled=unrolled, entry_vset=not _sets_vtype_first(ops),
     )
