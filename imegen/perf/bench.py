@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import llama_real, tune, x60
+from . import llama_real, ort_rows, tune, x60
 from .measure import METHOD
 from .tune import Case, Evaluation, settings_of, validate
 from .workload import (BLOCKS, DECODE_M, LLAMA_CPP_SOURCE, PREFILL_M, PUBLISHED, PUBLISHED_PP512_TPS, QWEN25_05B, shapes,
@@ -50,6 +50,7 @@ class BenchResult:
     tuned: tune.TuneResult
     quick: bool
     llama: tuple = ()  # llama_real.LlamaRow: llama.cpp's real kernels, block 32
+    ort: tuple = ()  # ort_rows.OrtRow: stock riscv64 onnxruntime per Run, and ORT + imegen's library
 
     def get(self, case: Case, kind: str) -> Evaluation:
         return next(r.ev for r in self.rows if r.case == case and r.kind == kind)
@@ -78,7 +79,9 @@ def run(*, quick: bool = False, blocks=BLOCKS, jobs: int | None = None, log=None
             rows += [Row(c, kind, evals[(spec.name, c)]) for c in cs]
     order = {k: i for i, k in enumerate(KINDS)}
     rows.sort(key=lambda r: (targets.index(r.case), order[r.kind]))
-    return BenchResult(rows, tuned, quick, tuple(llama_real.rows(targets, tuned, log=log)))
+    llama = tuple(llama_real.rows(targets, tuned, log=log))
+    ort = tuple(ort_rows.rows(targets, tuned, quick=quick, log=log))
+    return BenchResult(rows, tuned, quick, llama, ort)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,6 +272,8 @@ def report(res: BenchResult, refused_note: bool = True) -> str:
                   llama_real.table(list(res.llama)), "Calibration of the X60 model on llama.cpp's real kernels "
                   "(Qwen2.5-0.5B MatMulNBits only, 4 threads; the published figures are whole-model):",
                   llama_real.calibration(list(res.llama))]
+    if res.ort:
+        parts += ["", ort_rows.method_text(list(res.ort)), ort_rows.table(res, list(res.ort))]
     parts += ["", summary_text(res)]
     if refused_note:
         parts += ["", f"Tuner: {res.tuned.evaluated} configs measured, {len(res.tuned.refused)} refused by the "
