@@ -23,6 +23,7 @@ spinning is off (session.intra_op.allow_spinning = 0), so the sum is work, not i
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -159,6 +160,22 @@ def ranges_for(maps: list[Mapping], exe: Path, custom: Path | None) -> list[tupl
     return first + kernel + image
 
 
+@functools.lru_cache(maxsize=None)
+def serialized_threads_exact() -> bool:
+    """Whether guest threads can run under SCHED_FIFO here (needs CAP_SYS_NICE or an rtprio limit)."""
+    return subprocess.run(["chrt", "-f", "1", "true"], capture_output=True).returncode == 0
+
+
+def serializer() -> list[str]:
+    """The command prefix that makes a multi-threaded guest's counts exact: every QEMU thread on one host
+    CPU, under SCHED_FIFO, so none is preempted between the load and the store of a plugin counter
+    (the counters are plain process-wide memory; a preempted update would overwrite another thread's
+    whole time slice of counts). Without SCHED_FIFO only the pinning is applied and the counts are
+    approximate (serialized_threads_exact() says which)."""
+    pin = ["taskset", "-c", str(min(os.sched_getaffinity(0)))]
+    return (["chrt", "-f", "1"] if serialized_threads_exact() else []) + pin
+
+
 @dataclass(frozen=True)
 class RunCounts:
     runs: list[dict[str, int]]  # one plugin region per counted Run
@@ -176,7 +193,7 @@ def count_runs(model: Path, feeds: dict[str, np.ndarray], wanted: list[str], *, 
     syms = symbols(exe)
     so = plugin.ensure_plugin()
     extra = [",Zfh=true"] if custom_ops else [""]  # the custom-op kernels may widen fp16 scales
-    pin = ["chrt", "-f", "1", "taskset", "-c", str(min(os.sched_getaffinity(0)))] if threads > 1 and one_host_cpu else []
+    pin = serializer() if threads > 1 and one_host_cpu else []
     base = [toolchain.QEMU, "-L", str(root), "-cpu", f"rv64,v=true,vlen={VLEN}{extra[0]}"]
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
@@ -224,6 +241,7 @@ def cached_count_runs(key_parts: tuple[str, ...], make, **kw) -> RunCounts:
     custom = kw.get("custom_ops")
     base = counts_inputs()
     params = repr(sorted((k, str(v)) for k, v in kw.items() if k != "custom_ops"))
+    params += f" exact-threads={serialized_threads_exact()}"
     inputs = cache.Inputs(base.files + ((Path(custom),) if custom else ()),
                           base.strings + tuple(key_parts) + (sysroot.full_version(root), params), base.tools)
 

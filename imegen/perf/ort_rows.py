@@ -17,6 +17,7 @@ A + C in fp32 for stock ORT, the imegen kernel's own traffic for ORT+imegen.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +93,7 @@ class NodeCount:
 def count_node(case: Case, threads: int, specs=None, library: Path | None = None) -> NodeCount:
     M, N, K = case.mnk
     parts = ("matmulnbits-node", f"{M}x{N}x{K}", f"block={case.block}", f"seed={SEED}", _quantizer_version(),
-             Path(__file__).read_text(), Path(ref.__file__).read_text())
+             inspect.getsource(node_model), Path(ref.__file__).read_text())  # what decides the model and its check
     if specs is not None:
         parts += tuple(s.describe() for s in specs)
     rc = ort_bench.cached_count_runs(parts, lambda d: node_model(d, M, N, K, case.block, specs), threads=threads,
@@ -205,3 +206,25 @@ def method_text(rs: list[OrtRow]) -> str:
             "imegen = the tuned kernel's own rows above; ratio = stock ORT / imegen. 'ORT+imegen' = the same model "
             "rewritten to imegen's custom-op library (its tuned kernel, IME emulator excluded) in the same ORT, "
             "1 thread; 'glue' = ORT+imegen minus the kernel alone (ORT's Run, the custom op's dispatch, A/C handling).")
+
+
+def write_csv(res, rs: list[OrtRow]) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["shape", "M", "N", "K", "block", "path", "threads", "instructions_per_run", "ms_modeled", "bound",
+                "check_of_tolerance", "ort_version"])
+    for r in rs:
+        c = r.case
+        for t, nc in sorted(r.stock.items()):
+            ms, bound = r.modeled(t)
+            w.writerow([c.shape, c.M, c.N, c.K, c.block, "stock ORT", t, round(total(nc.counts)), f"{ms * 1e3:.6f}",
+                        bound, f"{nc.worst:.4f}", nc.version])
+        if r.imegen_lib is not None:
+            ev = res.get(c, "imegen")
+            ms, bound = modeled_time(r.imegen_lib.counts, ev.one_core.dram_bytes, 1)
+            w.writerow([c.shape, c.M, c.N, c.K, c.block, "ORT+imegen", 1, round(total(r.imegen_lib.counts)),
+                        f"{ms * 1e3:.6f}", bound, f"{r.imegen_lib.worst:.4f}", r.imegen_lib.version])
+    return buf.getvalue()
