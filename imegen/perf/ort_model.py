@@ -1,10 +1,11 @@
 """Whole-model figures: the Qwen2.5-0.5B-architecture model (imegen/ort/qwen.py) in stock riscv64 ORT and
 in ORT + imegen's custom-op library, per decode token and per 128-token prefill.
 
-Counted per Run like the single-node rows (ort_bench.py, 1 intra-op thread). 24 layers under QEMU
-with the plugin would take hours, so the model is counted at 1 and 2 layers and extrapolated
-linearly in layers: count(24) = count(1) + 23 x (count(2) - count(1)), class by class (the layers
-are identical in structure; tests/test_ort_bench.py checks the rule against a 3-layer run).
+Counted per Run like the single-node rows (ort_bench.py, 1 intra-op thread). The prefill at 24 layers
+would take hours under QEMU with the plugin (every vmadot of the imegen path traps), so it is counted
+at 1 and 2 layers and extrapolated linearly in layers: count(24) = count(1) + 23 x (count(2) -
+count(1)), class by class (the layers are identical in structure; tests/test_ort_bench.py checks the
+rule against a 3-layer run).
   decode   M = 1 after a KV cache of DECODE_PAST positions, with the full 151936 vocabulary;
   prefill  PREFILL tokens from an empty cache at a small vocabulary (PREFILL_VOCAB: ORT's graph
            computes logits at every position, ~40 G instructions of LM head alone at full size),

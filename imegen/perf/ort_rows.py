@@ -199,7 +199,10 @@ def method_text(rs: list[OrtRow]) -> str:
             "every library it calls: libc, libstdc++, ...; the runner executable excluded); '4t (sum)' = the sum over "
             "the 4 intra-op threads (the plugin's counters are process-wide, not per thread, and not atomic: the "
             "guest threads run serialized on one host CPU under SCHED_FIFO, which makes the counts exact and "
-            "repeatable; unpinned, parallel vCPUs lose 10-35% of them), the busiest thread is not separable. "
+            "repeatable; unpinned, parallel vCPUs lose 10-35% of them"
+            + ("" if ort_bench.serialized_threads_exact() else
+               "; SCHED_FIFO was NOT permitted in this run, so the 4-thread counts are APPROXIMATE (low)")
+            + "), the busiest thread is not separable. "
             "Output checked against the NumPy CompInt8 oracle ('check': worst error as a fraction of ORT's level-4 "
             "tolerance). Times MODELED (x60.py) as max(core, DRAM): 1t = the counts on one core, 4t = the sum split "
             "evenly over 4 cores; DRAM bytes = ORT-format weights (fp32 scales, packed zero points) + A + C. "
