@@ -91,3 +91,18 @@ def test_whole_model_is_linear_in_layers():
 def test_chosen_cases_keep_the_lm_head_at_decode_only():
     cases = [Case("lm_head", m, 151936, 896, 32) for m in (1, 128)] + [Case("q/o", 128, 896, 896, 64)]
     assert ort_rows.chosen_cases(cases, quick=False) == [cases[0]]
+
+
+def test_stock_riscv64_ort_computes_level_4_in_fp32(counted):
+    """What the stock baseline is: Debian's riscv64 MLAS has no int8 path, so accuracy_level 4 runs the
+    fp32 dequantize-and-multiply path (exact to fp32 rounding), not CompInt8 (~1e-2 off here)."""
+    from imegen import reference as ref
+    from imegen.ort import ort_check
+
+    rng = np.random.default_rng([ort_rows.SEED, M, N, K, ort_rows.BLOCK])
+    W = (0.02 * rng.standard_normal((K, N), dtype=np.float32)).astype(np.float32)
+    qw = ort_check.ort_quantized_weights(W, 4, ort_rows.BLOCK, symmetric=False)
+    A = rng.standard_normal((M, K), dtype=np.float32)
+    Y = counted[0].outputs["Y"].astype(np.float64)
+    assert np.abs(Y - ref.matmul_nbits(A, qw)).max() < 1e-5
+    assert np.abs(Y - ref.matmul_nbits_int8(A, qw)[0]).max() > 1e-4

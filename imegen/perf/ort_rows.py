@@ -30,8 +30,9 @@ from .tune import Case
 BLOCK = 32  # the block a user's int4 export uses; Q4_0's too
 STOCK_THREADS = (1, 4)
 SEED = 1234
-DESCRIBES = ("4-bit, block 32, asymmetric (uint8 zero points), accuracy_level 4 (CompInt8: A quantized to int8 per "
-             "block), weights quantized by onnxruntime's MatMulNBitsQuantizer")
+DESCRIBES = ("4-bit, block 32, asymmetric (uint8 zero points), accuracy_level 4, weights quantized by onnxruntime's "
+             "MatMulNBitsQuantizer; level 4 asks for int8 compute, but Debian's riscv64 build (rv64gc, no RVV) has no "
+             "int8 MLAS kernel and computes in fp32: its outputs match the float64 fp32 oracle to ~1e-6")
 
 
 def _quantizer_version() -> str:
@@ -203,8 +204,8 @@ def method_text(rs: list[OrtRow]) -> str:
             + ("" if ort_bench.serialized_threads_exact() else
                "; SCHED_FIFO was NOT permitted in this run, so the 4-thread counts are APPROXIMATE (low)")
             + "), the busiest thread is not separable. "
-            "Output checked against the NumPy CompInt8 oracle ('check': worst error as a fraction of ORT's level-4 "
-            "tolerance). Times MODELED (x60.py) as max(core, DRAM): 1t = the counts on one core, 4t = the sum split "
+            "Output checked against the NumPy CompInt8 oracle, i.e. what level 4 allows ('check': worst error as a "
+            "fraction of ORT's level-4 tolerance). Times MODELED (x60.py) as max(core, DRAM): 1t = the counts on one core, 4t = the sum split "
             "evenly over 4 cores; DRAM bytes = ORT-format weights (fp32 scales, packed zero points) + A + C. "
             "imegen = the tuned kernel's own rows above; ratio = stock ORT / imegen. 'ORT+imegen' = the same model "
             "rewritten to imegen's custom-op library (its tuned kernel, IME emulator excluded) in the same ORT, "
