@@ -45,7 +45,9 @@ PREFILL = 128
 PREFILL_VOCAB = 1024
 SEED = 0
 STRICT_LAYERS = 2  # logits within ORT's level-4 tolerance of stock's up to this depth
-DEEP_RMS = 0.05  # deeper: relative RMS difference of the logits at most this
+DEEP_RMS = 0.10  # deeper: relative RMS difference of the logits at most this. On the 24-layer decode,
+# x86 onnxruntime 1.32's own level-4 (int8) path differs from its level-0 (fp32) path by 5.2% relative RMS
+# (1.26 x the elementwise tolerance at worst); imegen vs riscv64 stock (fp32) by 5.3% (1.4 x).
 
 
 def feeds_for(c: qwen.QwenConfig, mode: str) -> dict[str, np.ndarray]:
@@ -166,6 +168,14 @@ def matmul_counts(nodes: dict, M: int) -> float | None:
     return t
 
 
+def node_sum(nodes: dict, M: int) -> dict[str, float]:
+    """Class-wise Σ of the model's MatMulNBits single-node per-Run counts (the LM head at M = 1)."""
+    out: dict[str, float] = {}
+    for s in shapes():
+        out = _add(out, nodes[(s.name, 1 if s.name == "lm_head" else M)], s.per_token)
+    return out
+
+
 def dram_bytes(M: int, weight_bytes) -> float:
     kv = LAYERS * 2 * QWEN25_05B.kv_heads * QWEN25_05B.head_dim * 4 * (DECODE_PAST if M == 1 else PREFILL)
     t = kv
@@ -214,6 +224,19 @@ def run(tuned, ort_rows_, log=None) -> WholeModel:
                 counted[(path, mode, L)] = total(nc.counts)
                 return nc
 
+            nodes = stock_nodes if path == "stock ORT" else lib_nodes
+            M = 1 if mode == "decode" else PREFILL
+            if mine and mode == "prefill":
+                # Composed, not run: ~60 M trap-emulated vmadots per 2-layer Run would take ~25 min under
+                # QEMU. Stock's prefill with its MatMulNBits (single-node counts) replaced by ORT+imegen's.
+                c24 = _add(_add(results["prefill"]["stock ORT"].counts, node_sum(stock_nodes, M), -1),
+                           node_sum(lib_nodes, M))
+                counted[(path, mode, "composed")] = total(c24)
+                plan = plan_kernel(pre_spec)
+                per[path] = PathFigures(c24, matmul_counts(nodes, M),
+                                        dram_bytes(M, lambda N, K, plan=plan: x60.packed_b_bytes(plan, N, K)),
+                                        float("nan"))
+                continue
             cs = [count(L) for L in COUNTED_LAYERS]
             version = cs[0].version
             c24 = extrapolate(cs[0].counts, cs[1].counts)
@@ -222,8 +245,6 @@ def run(tuned, ort_rows_, log=None) -> WholeModel:
                 counted[(path, mode, "extrapolated")] = total(c24)
                 direct = count(LAYERS)
                 c24, checks = direct.counts, checks + [direct.worst]
-            nodes = stock_nodes if path == "stock ORT" else lib_nodes
-            M = 1 if mode == "decode" else PREFILL
             if mode == "prefill":  # swap the small LM head at M = PREFILL for the full one at M = 1
                 small = (count_node(small_head, 1, [pre_spec], build_library([pre_spec], "tuned.imegen", flavour="qemu"))
                          if mine else count_node(small_head, 1))
@@ -235,6 +256,7 @@ def run(tuned, ort_rows_, log=None) -> WholeModel:
             else:
                 wb = lambda N, K: x60.ort_weight_bytes(N, K, BLOCK)  # noqa: E731
             per[path] = PathFigures(c24, mm if mm is not None else float("nan"), dram_bytes(M, wb), max(checks))
+            results[mode] = per
         results[mode] = per
     return WholeModel(results["decode"], results["prefill"], version, counted)
 
@@ -261,7 +283,7 @@ def table(w: WholeModel, calibration: str = "") -> str:
             rate = f"{t4 * 1e3:.1f} ms/token (4c)" if n == 1 else f"{n / t4:.1f} tok/s (4c)"
             body.append([mode, path, f"{total(f.counts) / 1e9:.3f}", f"{f.matmul / total(f.counts):.0%}",
                          f"{t1 * 1e3:.1f}", b1, f"{t4 * 1e3:.1f}", b4, rate,
-                         "-" if path == "stock ORT" else f"{f.check:.2f} tol"])
+                         "-" if path == "stock ORT" else f"{f.check:.2f} tol" if np.isfinite(f.check) else "composed"])
     text = format_table(head, body, right={2, 3, 4, 6})
     ratio_d = total(w.decode["stock ORT"].counts) / total(w.decode["ORT+imegen"].counts)
     ratio_p = total(w.prefill["stock ORT"].counts) / total(w.prefill["ORT+imegen"].counts)
@@ -293,7 +315,9 @@ def method_text(w: WholeModel) -> str:
             f"{c[('ORT+imegen', 'decode', LAYERS)] / 1e9:.4f} G, extrapolated "
             f"{c[('ORT+imegen', 'decode', 'extrapolated')] / 1e9:.4f} G: the direct counts are reported). Prefill: {PREFILL} tokens, empty cache, counted "
             f"at vocabulary {PREFILL_VOCAB}, its LM head (single-node count at M = {PREFILL}) replaced by the full one "
-            "at M = 1 (last-position logits only, as llama.cpp's pp). MatMulNBits share = Σ single-node per-Run "
+            "at M = 1 (last-position logits only, as llama.cpp's pp); ORT+imegen's prefill is COMPOSED, not run (its "
+            "~60 M trap-emulated vmadots per 2-layer Run take ~25 min under QEMU): stock's prefill count with the "
+            "model's MatMulNBits single-node counts replaced by ORT+imegen's. MatMulNBits share = Σ single-node per-Run "
             "counts of the model's 169 MatMulNBits over the total. ORT+imegen = the rewritten model with imegen's "
             "library (tuned q/o decode and prefill kernels, IME emulator excluded), logits within ORT's level-4 "
             f"tolerance of stock's up to {STRICT_LAYERS} layers, deeper within {DEEP_RMS:.0%} relative RMS. "
