@@ -394,7 +394,7 @@ def ort_panels(res: BenchResult, axes, colors: dict) -> None:
     """Row 2: stock ORT per Run vs imegen per shape; with a full run, the whole model (decode, prefill)."""
     ax = axes[0]
     rs = list(res.ort)
-    labels = [f"{r.case.shape}\nM={r.case.M}" for r in rs]
+    labels = [f"{r.case.shape} M={r.case.M}" for r in rs]
     xs = range(len(rs))
     series = [("stock ORT, 1 thread", "tab:gray", [r.modeled(1)[0] for r in rs]),
               ("stock ORT, 4 threads", "silver", [r.modeled(4)[0] for r in rs]),
@@ -404,9 +404,9 @@ def ort_panels(res: BenchResult, axes, colors: dict) -> None:
     for i, (label, color, ts) in enumerate(series):
         ax.bar([x + (i - 1.5) * width for x in xs], [t * 1e3 for t in ts], width, color=color, label=f"{label} (modeled)")
     ax.set_yscale("log")
-    ax.set_xticks(list(xs), labels, fontsize=7)
+    ax.set_xticks(list(xs), labels, fontsize=7, rotation=60, ha="right")
     ax.set_ylabel("modeled ms per call (per ORT Run)")
-    ax.set_title(f"Stock ONNX Runtime {rs[0].stock[1].version.split('+')[0]} riscv64 MatMulNBits per Run vs imegen")
+    ax.set_title(f"Stock ORT {rs[0].stock[1].version.split('+')[0]} riscv64 MatMulNBits\nper Run vs imegen (block 32)")
     ax.legend(fontsize=7)
     w = res.whole
     if w is None or len(axes) < 3:

@@ -270,7 +270,7 @@ PUBLISHED_ORT_MS = 80.0  # cited in issue 10 for ORT on K1 (Qwen2.5-0.5B int4); 
 def table(w: WholeModel, calibration: str = "") -> str:
     from .bench import format_table
     from .llama_real import PUBLISHED_TG128_TPS
-    from .workload import PUBLISHED_PP512_TPS
+    from .workload import LLAMA_CPP_SOURCE, PUBLISHED_PP512_TPS
 
     head = ["", "path", "instructions G", "MatMulNBits share", "1 core ms", "bound", "4 cores ms (ideal split)",
             "bound", "per token", "logits check"]
@@ -295,7 +295,7 @@ def table(w: WholeModel, calibration: str = "") -> str:
     lines = [text, f"stock ORT / ORT+imegen instructions: decode {ratio_d:.1f}x, prefill {ratio_p:.1f}x." + agreement,
              f"Published on K1, 4 threads, whole model (measured by others): llama.cpp Q4_0 tg128 {PUBLISHED_TG128_TPS} "
              f"tok/s = {1000 / PUBLISHED_TG128_TPS:.1f} ms/token, pp512 {PUBLISHED_PP512_TPS} tok/s "
-             f"(ggml-org/llama.cpp docs/build-riscv64-spacemit.md); ONNX Runtime ~{PUBLISHED_ORT_MS:.0f} ms/token "
+             f"({LLAMA_CPP_SOURCE}); ONNX Runtime ~{PUBLISHED_ORT_MS:.0f} ms/token "
              "(the figure issue 10 cites; imegen found no public source for it)."]
     if calibration:
         lines.append("The X60 model's optimism on llama.cpp's real kernels (divide a modeled rate by it):\n" + calibration)
