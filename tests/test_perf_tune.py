@@ -100,6 +100,15 @@ def test_bench_quick(plugin_so, tmp_path, capsys):
         assert float(by[("128", "imegen")]["ms_4cores"]) < float(by[("128", kind)]["ms_4cores"])
         assert float(by[("128", "imegen")]["ms_1core"]) < float(by[("128", kind)]["ms_1core"])
         assert float(by[("1", "imegen")]["ms_1core"]) < float(by[("1", kind)]["ms_1core"])
+    # Stock riscv64 ORT per Run (1 and 4 threads) and ORT + imegen's library, next to the tuned kernel.
+    assert "Stock ONNX Runtime 1.23." in out and "per Run" in out
+    ort = list(csv.DictReader((tmp_path / "ort.csv").open()))
+    assert {(r["M"], r["path"], r["threads"]) for r in ort} == {(M, p, t) for M in ("1", "128") for p, t in
+                                                                  (("stock ORT", "1"), ("stock ORT", "4"), ("ORT+imegen", "1"))}
+    for r in ort:
+        assert int(r["instructions_per_run"]) > 0 and float(r["check_of_tolerance"]) <= 1.0
+    stock = {r["M"]: int(r["instructions_per_run"]) for r in ort if r["path"] == "stock ORT" and r["threads"] == "1"}
+    assert stock["128"] > 2 * stock["1"]
     assert (tmp_path / "bench.png").stat().st_size > 10_000
     assert (tmp_path / "tuned.imegen").read_text().count("kernel qwen_q_o_m") == 2
     specs_from_text((tmp_path / "tuned.imegen").read_text())  # the written spec is valid DSL

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import llama_real, tune, x60
+from . import llama_real, ort_model, ort_rows, tune, x60
 from .measure import METHOD
 from .tune import Case, Evaluation, settings_of, validate
 from .workload import (BLOCKS, DECODE_M, LLAMA_CPP_SOURCE, PREFILL_M, PUBLISHED, PUBLISHED_PP512_TPS, QWEN25_05B, shapes,
@@ -50,6 +50,8 @@ class BenchResult:
     tuned: tune.TuneResult
     quick: bool
     llama: tuple = ()  # llama_real.LlamaRow: llama.cpp's real kernels, block 32
+    ort: tuple = ()  # ort_rows.OrtRow: stock riscv64 onnxruntime per Run, and ORT + imegen's library
+    whole: object = None  # ort_model.WholeModel (full runs): the whole Qwen model in stock ORT and ORT + imegen
 
     def get(self, case: Case, kind: str) -> Evaluation:
         return next(r.ev for r in self.rows if r.case == case and r.kind == kind)
@@ -78,7 +80,10 @@ def run(*, quick: bool = False, blocks=BLOCKS, jobs: int | None = None, log=None
             rows += [Row(c, kind, evals[(spec.name, c)]) for c in cs]
     order = {k: i for i, k in enumerate(KINDS)}
     rows.sort(key=lambda r: (targets.index(r.case), order[r.kind]))
-    return BenchResult(rows, tuned, quick, tuple(llama_real.rows(targets, tuned, log=log)))
+    llama = tuple(llama_real.rows(targets, tuned, log=log))
+    ort = tuple(ort_rows.rows(targets, tuned, quick=quick, log=log))
+    whole = None if quick else ort_model.run(tuned, list(ort), log=log)
+    return BenchResult(rows, tuned, quick, llama, ort, whole)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,6 +274,12 @@ def report(res: BenchResult, refused_note: bool = True) -> str:
                   llama_real.table(list(res.llama)), "Calibration of the X60 model on llama.cpp's real kernels "
                   "(Qwen2.5-0.5B MatMulNBits only, 4 threads; the published figures are whole-model):",
                   llama_real.calibration(list(res.llama))]
+    if res.ort:
+        parts += ["", ort_rows.method_text(list(res.ort)), ort_rows.table(res, list(res.ort))]
+    if res.whole is not None:
+        parts += ["", ort_model.method_text(res.whole),
+                  "Whole model, instructions MEASURED (extrapolated in layers), times MODELED:",
+                  ort_model.table(res.whole, llama_real.calibration(list(res.llama)) if res.llama else "")]
     parts += ["", summary_text(res)]
     if refused_note:
         parts += ["", f"Tuner: {res.tuned.evaluated} configs measured, {len(res.tuned.refused)} refused by the "
@@ -306,7 +317,8 @@ def plot(res: BenchResult, path: Path, p: x60.X60Params = x60.X60) -> Path | Non
     except ImportError:
         return None
     sums = token_summaries(res, p)
-    fig, axes = plt.subplots(1, 3 if sums else 1, figsize=(18 if sums else 7, 6), squeeze=False)
+    rows = 2 if res.ort else 1
+    fig, axes = plt.subplots(rows, 3 if sums else 1, figsize=(18 if sums else 7, 6 * rows), squeeze=False)
     ax = axes[0][0]
     cores = p.ime_cores
     peak = p.peak_ops_per_core * cores / 1e9
@@ -367,6 +379,8 @@ def plot(res: BenchResult, path: Path, p: x60.X60Params = x60.X60) -> Path | Non
         ax.set_title(f"Prefill M={M}: modeled tokens/s on 4 IME cores")
         ax.set_ylim(0, 1.35 * max(s.prefill_tps[M][k] for s in sums for k in KINDS))
         ax.legend(fontsize=7, loc="upper left")
+    if res.ort:
+        ort_panels(res, axes[1], colors)
     fig.text(0.5, 0.005, "All imegen/baseline figures are MODELED (X60 cost model over QEMU-counted instructions), "
              "not measured on hardware.", ha="center", fontsize=8)
     fig.tight_layout(rect=(0, 0.02, 1, 1))
@@ -376,12 +390,64 @@ def plot(res: BenchResult, path: Path, p: x60.X60Params = x60.X60) -> Path | Non
     return path
 
 
+def ort_panels(res: BenchResult, axes, colors: dict) -> None:
+    """Row 2: stock ORT per Run vs imegen per shape; with a full run, the whole model (decode, prefill)."""
+    ax = axes[0]
+    rs = list(res.ort)
+    labels = [f"{r.case.shape} M={r.case.M}" for r in rs]
+    xs = range(len(rs))
+    series = [("stock ORT, 1 thread", "tab:gray", [r.modeled(1)[0] for r in rs]),
+              ("stock ORT, 4 threads", "silver", [r.modeled(4)[0] for r in rs]),
+              ("imegen tuned, 1 core", colors["imegen"], [res.get(r.case, "imegen").one_core.time_s for r in rs]),
+              ("imegen tuned, 4 cores", "yellowgreen", [res.get(r.case, "imegen").four_cores.time_s for r in rs])]
+    width = 0.8 / len(series)
+    for i, (label, color, ts) in enumerate(series):
+        ax.bar([x + (i - 1.5) * width for x in xs], [t * 1e3 for t in ts], width, color=color, label=f"{label} (modeled)")
+    ax.set_yscale("log")
+    ax.set_xticks(list(xs), labels, fontsize=7, rotation=60, ha="right")
+    ax.set_ylabel("modeled ms per call (per ORT Run)")
+    ax.set_title(f"Stock ORT {rs[0].stock[1].version.split('+')[0]} riscv64 MatMulNBits\nper Run vs imegen (block 32)")
+    ax.legend(fontsize=7)
+    w = res.whole
+    if w is None or len(axes) < 3:
+        return
+    for ax, figs, unit in ((axes[1], w.decode, "ms/token"), (axes[2], w.prefill, "tok/s")):
+        paths = list(figs)
+        vals1, vals4 = [], []
+        for path in paths:
+            f = figs[path]
+            t1, t4 = (ort_model.modeled_time(f.counts, f.dram_bytes, n)[0] for n in (1, 4))
+            vals1.append(t1 * 1e3 if unit == "ms/token" else ort_model.PREFILL / t1)
+            vals4.append(t4 * 1e3 if unit == "ms/token" else ort_model.PREFILL / t4)
+        xs = range(len(paths))
+        ax.bar([x - 0.2 for x in xs], vals1, 0.4, color="tab:gray", label="1 core (modeled)")
+        ax.bar([x + 0.2 for x in xs], vals4, 0.4, color="tab:green", label="4 cores, ideal split (modeled)")
+        if unit == "ms/token":
+            ax.axhline(1000 / llama_real.PUBLISHED_TG128_TPS, color="tab:blue", ls="--", lw=1,
+                       label=f"published llama.cpp Q4_0 tg128 ({1000 / llama_real.PUBLISHED_TG128_TPS:.1f} ms)")
+            ax.axhline(ort_model.PUBLISHED_ORT_MS, color="tab:red", ls=":", lw=1,
+                       label=f"ORT ~{ort_model.PUBLISHED_ORT_MS:.0f} ms/token (cited in issue 10, unsourced)")
+            ax.set_yscale("log")
+            ax.set_title("Whole Qwen2.5-0.5B model, decode (KV cache 128): modeled ms/token")
+        else:
+            ax.axhline(PUBLISHED_PP512_TPS, color="tab:blue", ls="--", lw=1,
+                       label=f"published llama.cpp Q4_0 pp512 ({PUBLISHED_PP512_TPS} tok/s)")
+            ax.set_yscale("log")
+            ax.set_title(f"Whole model, {ort_model.PREFILL}-token prefill: modeled tokens/s")
+        ax.set_xticks(list(xs), paths)
+        ax.set_ylabel(unit)
+        ax.legend(fontsize=7)
+
+
 def write_outputs(res: BenchResult, out_dir: Path, text: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = tune.write_outputs(res.tuned, out_dir)
     (out_dir / "bench.txt").write_text(text + "\n")
     (out_dir / "bench.csv").write_text(write_csv(res))
     written += [out_dir / "bench.txt", out_dir / "bench.csv"]
+    if res.ort:
+        (out_dir / "ort.csv").write_text(ort_rows.write_csv(res, list(res.ort)))
+        written.append(out_dir / "ort.csv")
     png = plot(res, out_dir / "bench.png")
     if png:
         written.append(png)
