@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from . import llama_real, ort_model, ort_rows, tune, x60
 from .measure import METHOD
 from .tune import Case, Evaluation, settings_of, validate
@@ -350,7 +352,7 @@ def plot(res: BenchResult, path: Path, p: x60.X60Params = x60.X60) -> Path | Non
     ax.grid(True, which="both", lw=0.3)
     if sums:
         ax = axes[0][1]
-        width = 0.25
+        width = 0.2
         xs = range(len(sums))
         for i, kind in enumerate(KINDS):
             ax.bar([x + (i - 1) * width for x in xs], [s.decode_ms[kind] for s in sums], width,
@@ -358,8 +360,9 @@ def plot(res: BenchResult, path: Path, p: x60.X60Params = x60.X60) -> Path | Non
         for i, s in enumerate(sums):
             ax.hlines(s.limit_effective_ms, i - 1.5 * width, i + 1.5 * width, colors="k", linestyles="-", lw=1)
             ax.hlines(s.limit_theoretical_ms, i - 1.5 * width, i + 1.5 * width, colors="k", linestyles=":", lw=1)
+        llama_bar(ax, res, sums, width, lambda t: t[0] * 1e3, DECODE_M)
         for (name, ms), ls in zip(PUBLISHED.items(), ("--", "-.")):
-            ax.axhline(ms, color="gray", ls=ls, lw=1, label=f"published: {name}")
+            ax.axhline(ms, color="gray", ls=ls, lw=1, label=f"published: {name.split(' (')[0]}")
         ax.plot([], [], "k-", label="memory-bound limit, 5.24 GB/s")
         ax.plot([], [], "k:", label="memory-bound limit, 10.66 GB/s")
         ax.set_xticks(list(xs), [f"block {s.block}" for s in sums])
@@ -372,22 +375,31 @@ def plot(res: BenchResult, path: Path, p: x60.X60Params = x60.X60) -> Path | Non
         for i, kind in enumerate(KINDS):
             ax.bar([x + (i - 1) * width for x in xs], [s.prefill_tps[M][kind] for s in sums], width,
                    color=colors[kind], label=f"{kind} (modeled)")
+        llama_bar(ax, res, sums, width, lambda t: M / t[0], M)
         ax.axhline(PUBLISHED_PP512_TPS, color="gray", ls="-.", lw=1,
-                   label=f"published: llama.cpp Q4_0 pp512 {PUBLISHED_PP512_TPS} tok/s ({LLAMA_CPP_SOURCE})")
+                   label=f"published: llama.cpp Q4_0 pp512 {PUBLISHED_PP512_TPS} tok/s")
         ax.set_xticks(list(xs), [f"block {s.block}" for s in sums])
         ax.set_ylabel(f"tokens/s (prefill M={M}, MatMulNBits only)")
         ax.set_title(f"Prefill M={M}: modeled tokens/s on 4 IME cores")
-        ax.set_ylim(0, 1.35 * max(s.prefill_tps[M][k] for s in sums for k in KINDS))
-        ax.legend(fontsize=7, loc="upper left")
+        ax.set_ylim(0, 1.45 * max(s.prefill_tps[M][k] for s in sums for k in KINDS))
+        ax.legend(fontsize=6.5, loc="upper left")
     if res.ort:
         ort_panels(res, axes[1], colors)
     fig.text(0.5, 0.005, "All imegen/baseline figures are MODELED (X60 cost model over QEMU-counted instructions), "
-             "not measured on hardware.", ha="center", fontsize=8)
+             f"not measured on hardware. Published llama.cpp figures: {LLAMA_CPP_SOURCE}.", ha="center", fontsize=8)
     fig.tight_layout(rect=(0, 0.02, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def llama_bar(ax, res: BenchResult, sums: list, width: float, value, M: int) -> None:
+    """llama.cpp's real Q4_0 kernels (block 32 only), as a fourth bar beside imegen's block-32 group."""
+    t = llama_real.per_token_s(list(res.llama), M)
+    at = next((i for i, s in enumerate(sums) if s.block == 32), None)
+    if t is not None and at is not None:
+        ax.bar([at + 2 * width], [value(t)], width, color="tab:purple", label="llama.cpp real Q4_0 kernels (modeled)")
 
 
 def ort_panels(res: BenchResult, axes, colors: dict) -> None:
@@ -434,9 +446,11 @@ def ort_panels(res: BenchResult, axes, colors: dict) -> None:
                        label=f"published llama.cpp Q4_0 pp512 ({PUBLISHED_PP512_TPS} tok/s)")
             ax.set_yscale("log")
             ax.set_title(f"Whole model, {ort_model.PREFILL}-token prefill: modeled tokens/s")
-        ax.set_xticks(list(xs), paths)
+        ax.set_xticks(list(xs), [p if p == "stock ORT" or np.isfinite(figs[p].check) else f"{p}\n(composed, not run)"
+                                 for p in paths])
         ax.set_ylabel(unit)
-        ax.legend(fontsize=7)
+        ax.set_ylim(top=3 * max(vals1 + vals4))
+        ax.legend(fontsize=7, loc="upper left")
 
 
 def write_outputs(res: BenchResult, out_dir: Path, text: str) -> list[Path]:

@@ -377,21 +377,30 @@ def table(rs: list[LlamaRow]) -> str:
     return format_table(head, body, right=set(range(1, 12)))
 
 
+def per_token_s(rs: list[LlamaRow], M: int) -> tuple[float, float] | None:
+    """MODELED seconds per M-token step of Qwen's MatMulNBits on llama.cpp's real kernels, 4 threads:
+    (base, with latency sensitivity); None without every shape at M (and the LM head at M = 1)."""
+    from .workload import shapes
+    by = {(r.case.shape, r.case.M): r for r in rs}
+    base = lat = 0.0
+    for s in shapes():
+        r = by.get((s.name, 1 if s.name == "lm_head" else M))  # llama.cpp computes logits of the last token only
+        if r is None:
+            return None
+        t = r.times()["4"]
+        base, lat = base + s.per_token * t[0], lat + s.per_token * t[1]
+    return base, lat
+
+
 def calibration(rs: list[LlamaRow]) -> str:
     """Whole-model MODELED estimate from llama.cpp's real counts vs its published K1 figures."""
-    from .workload import PREFILL_M, PUBLISHED_PP512_TPS, shapes
-    by = {(r.case.shape, r.case.M): r for r in rs}
-    need = [(s.name, m) for s in shapes() for m in (1, PREFILL_M[-1])]
-    if any(k not in by for k in need):
-        return "(calibration needs every Qwen shape at M = 1 and 512: run without --quick)"
+    from .workload import PREFILL_M, PUBLISHED_PP512_TPS
     lines = []
     for label, M, published in (("decode tg128", 1, PUBLISHED_TG128_TPS), (f"prefill pp{PREFILL_M[-1]}", PREFILL_M[-1], PUBLISHED_PP512_TPS)):
-        base = lat = 0.0
-        for s in shapes():
-            m = 1 if s.name == "lm_head" else M  # llama.cpp computes logits of the last token only
-            t = by[(s.name, m)].times()["4"]
-            base, lat = base + s.per_token * t[0], lat + s.per_token * t[1]
-        tps, tps_lat = M / base, M / lat
+        t = per_token_s(rs, M)
+        if t is None:
+            return f"(calibration needs every Qwen shape at M = 1 and {PREFILL_M[-1]}: run without --quick)"
+        tps, tps_lat = M / t[0], M / t[1]
         lines.append(f"  {label}: MODELED {tps:.1f} tok/s (with latency sensitivity {tps_lat:.1f}); published "
                      f"{published} tok/s; optimism factor {tps / published:.2f}x ({tps_lat / published:.2f}x)")
     return "\n".join(lines)
