@@ -555,6 +555,18 @@ def acc_groups(n_regs: int) -> list[tuple[int, int]]:
     return groups
 
 
+def _tile_b_scales(spec: KernelSpec, vt: "_Vtype", n: int, dst: int, staging: int, lmul: tuple[str, str],
+                   what: str = "") -> list[AsmOp]:
+    """The tile's n B scales (at %[sb]) into v`dst` as fp32: fp16 ones loaded into v`staging` and widened
+    by vfwcvt.f.f.v (the one instruction fp32 scales do not need). lmul: (fp16 LMUL, fp32 LMUL)."""
+    if spec.scale_type == "fp16":
+        vt(n, "e16", lmul[0])
+        return [AsmOp("vle16", f"vle16.v v{staging}, (%[sb])", f"B fp16 scales, cols 0..{n - 1}"),
+                AsmOp("vfwcvt", f"vfwcvt.f.f.v v{dst}, v{staging}", f"widened to fp32{what}")]
+    vt(n, "e32", lmul[1])
+    return [AsmOp("vle32", f"vle32.v v{dst}, (%[sb])", f"B scales, cols 0..{n - 1}{what}")]
+
+
 class _Vtype:
     """Appends a vsetvli/vsetivli only when the (vl, SEW, LMUL) asked for differs from the current one."""
 
@@ -591,13 +603,7 @@ def _grouped_signed_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], fre
         ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
     # The TN B scales into SRC (fp16: staged in IDXC, not loaded yet), then the 4ma A scales into X;
     # one vtype serves both loads when 4ma = TN (vlse32 at SEW 16 has EMUL 2: a pair, as X is).
-    b_vtype = (tn, "e16", "m1") if spec.scale_type == "fp16" else (tn, "e32", "m2")
-    vt(*b_vtype)
-    if spec.scale_type == "fp16":
-        ops += [AsmOp("vle16", f"vle16.v v{IDXC}, (%[sb])", f"B fp16 scales, cols 0..{tn - 1}"),
-                AsmOp("vfwcvt", f"vfwcvt.f.f.v v{SRC}, v{IDXC}", "widened to fp32")]
-    else:
-        ops.append(AsmOp("vle32", f"vle32.v v{SRC}, (%[sb])", f"B scales, cols 0..{tn - 1}"))
+    ops += _tile_b_scales(spec, vt, tn, SRC, IDXC, ("m1", "m2"))
     if 4 * ma != tn:
         vt(4 * ma, "e32", "m2")
     ops.append(AsmOp("vlse32", f"vlse32.v v{X}, (%[sa]), %[sas]", f"A scales, rows 0..{4 * ma - 1}"))
@@ -650,13 +656,7 @@ def _column_pair_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tup
     for first, g in acc_groups(2 * ma * na):
         vt(None, "e32", f"m{g}")
         ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
-    if spec.scale_type == "fp16":
-        vt(tn, "e16", "m1")
-        ops += [AsmOp("vle16", f"vle16.v v{IDXC}, (%[sb])", f"B fp16 scales, cols 0..{tn - 1}"),
-                AsmOp("vfwcvt", f"vfwcvt.f.f.v v{SRC}, v{IDXC}", "widened to fp32")]
-    else:
-        vt(tn, "e32", "m2")
-        ops.append(AsmOp("vle32", f"vle32.v v{SRC}, (%[sb])", f"B scales, cols 0..{tn - 1}"))
+    ops += _tile_b_scales(spec, vt, tn, SRC, IDXC, ("m1", "m2"))
     if 4 * ma != tn:
         vt(4 * ma, "e32", "m2")
     ops.append(AsmOp("vlse32", f"vlse32.v v{X}, (%[sa]), %[sas]", f"A scales, rows 0..{4 * ma - 1}"))
@@ -707,13 +707,7 @@ def _paired_column_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc
     for first, g in acc_groups(2 * ma * na):
         vt(None, "e32", f"m{g}")
         ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
-    if spec.scale_type == "fp16":
-        vt(8, "e16", "mf2")
-        ops += [AsmOp("vle16", f"vle16.v v{SA}, (%[sb])", "B fp16 scales, cols 0..7"),
-                AsmOp("vfwcvt", f"vfwcvt.f.f.v v{S + 2}, v{SA}", "widened to fp32, lanes 16..23")]
-    else:
-        vt(8, "e32", "m1")
-        ops.append(AsmOp("vle32", f"vle32.v v{S + 2}, (%[sb])", "B scales, cols 0..7, lanes 16..23"))
+    ops += _tile_b_scales(spec, vt, 8, S + 2, SA, ("mf2", "m1"), ", lanes 16..23")
     if 4 * ma != 8:
         vt(4 * ma, "e32", "m1")
     ops.append(AsmOp("vlse32", f"vlse32.v v{S}, (%[sa]), %[sas]", f"A scales, rows 0..{4 * ma - 1}, lanes 0.."))
