@@ -163,3 +163,19 @@ kernel c8 { bits = 8  op = gemm  tile = 4x16  k_unroll = 2 }"""
         assert row.mlas_gemm > row.vmadots and row.own_tiles > row.vmadots and row.mlas_quant > 0
         assert row.mlas_scalar < row.mlas_gemm
     assert "METHOD" in mlas_counts.report([row])
+
+
+def test_plugin_header_is_fetched_for_the_installed_qemu():
+    """With several deb-src suites (.ci/install adds trixie's) a bare `apt-get source qemu` picks the
+    newest qemu, whose qemu-plugin.h needs glib and whose API the installed QEMU would refuse."""
+    import re
+    import shutil
+    import subprocess
+
+    if shutil.which("dpkg-query") is None or shutil.which(toolchain.QEMU) is None:
+        pytest.skip("no dpkg or no qemu-riscv64")
+    package = plugin.qemu_source_package()
+    assert package.startswith("qemu="), package
+    running = re.search(r"version (\d+\.\d+)", subprocess.run([toolchain.QEMU, "--version"], capture_output=True,
+                                                             text=True).stdout).group(1)
+    assert re.match(rf"qemu=(\d+:)?{re.escape(running)}[.+~]", package), (package, running)

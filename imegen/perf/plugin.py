@@ -42,18 +42,29 @@ class PluginUnavailable(RuntimeError):
     pass
 
 
+def qemu_source_package() -> str:
+    """`qemu=VERSION` for the installed qemu-user's source version, else plain `qemu`. The header must be
+    the running QEMU's: the plugin API is checked at load, and with several deb-src suites configured
+    (.ci/install adds trixie's for the ORT tree) apt would otherwise pick the newest qemu, whose header
+    also needs glib."""
+    proc = subprocess.run(["dpkg-query", "-W", "-f", "${source:Version}", "qemu-user"], capture_output=True, text=True) \
+        if shutil.which("dpkg-query") else None
+    return f"qemu={proc.stdout.strip()}" if proc is not None and proc.returncode == 0 and proc.stdout.strip() else "qemu"
+
+
 def fetch_header() -> Path:
     """Download Debian's qemu source package (orig tarball only) and extract qemu-plugin.h."""
     dest = cache.root() / "qemu-include" / "qemu-plugin.h"
     if shutil.which("apt-get") is None:
         raise PluginUnavailable("qemu-plugin.h not found and apt-get is unavailable to fetch it")
+    package = qemu_source_package()
     with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run(["apt-get", "source", "--download-only", "qemu"], cwd=tmp,
+        proc = subprocess.run(["apt-get", "source", "--download-only", package], cwd=tmp,
                               capture_output=True, text=True)
         tarballs = sorted(Path(tmp).glob("qemu_*.orig.tar.*"))
         if proc.returncode != 0 or not tarballs:
             raise PluginUnavailable(
-                "qemu-plugin.h not found, and `apt-get source --download-only qemu` failed "
+                f"qemu-plugin.h not found, and `apt-get source --download-only {package}` failed "
                 "(is a deb-src entry configured? .ci/install creates /etc/apt/sources.list.d/imegen-src.sources "
                 f"and runs apt-get update):\n{proc.stderr.strip()}")
         with tarfile.open(tarballs[0]) as tar:
