@@ -567,6 +567,21 @@ def _tile_b_scales(spec: KernelSpec, vt: "_Vtype", n: int, dst: int, staging: in
     return [AsmOp("vle32", f"vle32.v v{dst}, (%[sb])", f"B scales, cols 0..{n - 1}{what}")]
 
 
+def _fold_prologue(spec: KernelSpec, ops: list[AsmOp], vt: "_Vtype", ma: int, na: int, n: int, b_dst: int,
+                   b_staging: int, a_dst: int, lmul: tuple[str, str], where: tuple[str, str] = ("", "")) -> None:
+    """Appends the start of a grouped fold: every accumulator to fp32 (one vfcvt per LMUL-8 group), the
+    tile's n B scales into v`b_dst` (_tile_b_scales) and its 4ma A scales into v`a_dst` by one strided
+    load; that load keeps the B scales' vtype when 4ma = n (at SEW 16 a vlse32's EMUL doubles, still
+    the register group a_dst is). where: comment suffixes for the B and A scales' lanes."""
+    for first, g in acc_groups(2 * ma * na):
+        vt(None, "e32", f"m{g}")
+        ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
+    ops += _tile_b_scales(spec, vt, n, b_dst, b_staging, lmul, where[0])
+    if 4 * ma != n:
+        vt(4 * ma, "e32", lmul[1])
+    ops.append(AsmOp("vlse32", f"vlse32.v v{a_dst}, (%[sa]), %[sas]", f"A scales, rows 0..{4 * ma - 1}{where[1]}"))
+
+
 class _Vtype:
     """Appends a vsetvli/vsetivli only when the (vl, SEW, LMUL) asked for differs from the current one."""
 
@@ -598,15 +613,8 @@ def _grouped_signed_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], fre
     IDXR, X = Y, SB  # dead before the B scales are spread and the products formed
     ops: list[AsmOp] = []
     vt = _Vtype(ops)
-    for first, g in acc_groups(2 * ma * na):
-        vt(None, "e32", f"m{g}")
-        ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
-    # The TN B scales into SRC (fp16: staged in IDXC, not loaded yet), then the 4ma A scales into X;
-    # one vtype serves both loads when 4ma = TN (vlse32 at SEW 16 has EMUL 2: a pair, as X is).
-    ops += _tile_b_scales(spec, vt, tn, SRC, IDXC, ("m1", "m2"))
-    if 4 * ma != tn:
-        vt(4 * ma, "e32", "m2")
-    ops.append(AsmOp("vlse32", f"vlse32.v v{X}, (%[sa]), %[sas]", f"A scales, rows 0..{4 * ma - 1}"))
+    # The TN B scales into SRC (fp16: staged in IDXC, not loaded yet), then the 4ma A scales into X.
+    _fold_prologue(spec, ops, vt, ma, na, tn, SRC, IDXC, X, ("m1", "m2"))
     vt(16, "e32", "m2")
 
     def index(base: int, step: int, what: str) -> int:
@@ -653,13 +661,7 @@ def _column_pair_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tup
     X, IDXR = SB, F  # staging, dead before SB and F are written
     ops: list[AsmOp] = []
     vt = _Vtype(ops)
-    for first, g in acc_groups(2 * ma * na):
-        vt(None, "e32", f"m{g}")
-        ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
-    ops += _tile_b_scales(spec, vt, tn, SRC, IDXC, ("m1", "m2"))
-    if 4 * ma != tn:
-        vt(4 * ma, "e32", "m2")
-    ops.append(AsmOp("vlse32", f"vlse32.v v{X}, (%[sa]), %[sas]", f"A scales, rows 0..{4 * ma - 1}"))
+    _fold_prologue(spec, ops, vt, ma, na, tn, SRC, IDXC, X, ("m1", "m2"))
     vt(16, "e32", "m2")
     ops += [AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{IDXR}, (t1)", "lane -> row r"),
             AsmOp("vrgather", f"vrgather.vv v{SA}, v{X}, v{IDXR}", "A scales spread, rows 0..3"),
@@ -704,13 +706,7 @@ def _paired_column_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc
     T_ROW, T_COL = tables, tables + 2
     ops: list[AsmOp] = []
     vt = _Vtype(ops)
-    for first, g in acc_groups(2 * ma * na):
-        vt(None, "e32", f"m{g}")
-        ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
-    ops += _tile_b_scales(spec, vt, 8, S + 2, SA, ("mf2", "m1"), ", lanes 16..23")
-    if 4 * ma != 8:
-        vt(4 * ma, "e32", "m1")
-    ops.append(AsmOp("vlse32", f"vlse32.v v{S}, (%[sa]), %[sas]", f"A scales, rows 0..{4 * ma - 1}, lanes 0.."))
+    _fold_prologue(spec, ops, vt, ma, na, 8, S + 2, SA, S, ("mf2", "m1"), (", lanes 16..23", ", lanes 0.."))
     vt(None, "e32", "m4")
     ops.append(AsmOp("vrgather", f"vrgatherei16.vv v{SB}, v{S}, v{T_COL}", "B scales spread over both column tiles"))
     for mi in range(ma):
