@@ -36,6 +36,7 @@ import numpy as np
 from .. import cache, toolchain
 from ..ime_encoding import encode_vmadot
 from ..toolchain import ToolchainError
+from . import x60
 from .measure import BEAT_BYTES, VLEN, code_ranges_from_map, exec_segments, symbols
 from .plugin import SOURCE as PLUGIN_SOURCE
 from .plugin import run_counted
@@ -236,11 +237,6 @@ def _add(a: dict, b: dict, s: float = 1.0) -> dict:
     return {k: a.get(k, 0) + s * b.get(k, 0) for k in set(a) | set(b)}
 
 
-def _total(c: dict) -> float:
-    from . import x60
-    return sum(x60.class_totals(c).values())
-
-
 class Counter:
     """Per-thread counts of llama.cpp's loop at full shapes (see the module docstring); cached on disk."""
 
@@ -295,7 +291,7 @@ class Counter:
     def per_core(self, M: int, N: int, K: int, nth: int) -> dict:
         """The busiest thread's counts: max over threads of phase 1 + max of phase 2 (by total instructions)."""
         quant, gemm = self.per_thread(M, N, K, nth)
-        return _add(max(quant, key=_total), max(gemm, key=_total))
+        return _add(max(quant, key=x60.total_instructions), max(gemm, key=x60.total_instructions))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,9 +364,9 @@ def table(rs: list[LlamaRow]) -> str:
     for r in rs:
         t = r.times()
         i = r.imegen_sym
-        li, ii = _total(r.one), (_total(i.counts) if i else float("nan"))
+        li, ii = x60.total_instructions(r.one), (x60.total_instructions(i.counts) if i else float("nan"))
         body.append([r.case.shape, str(r.case.M), f"{li / 1e6:.3f}", f"{ii / 1e6:.3f}", f"{ii / li:.2f}",
-                     f"{_total(r.four) / 1e6:.3f}", f"{t['1'][0] * 1e3:.4f}", f"{t['1'][1] * 1e3:.4f}",
+                     f"{x60.total_instructions(r.four) / 1e6:.3f}", f"{t['1'][0] * 1e3:.4f}", f"{t['1'][1] * 1e3:.4f}",
                      f"{t['4'][0] * 1e3:.4f}", f"{t['4'][1] * 1e3:.4f}",
                      f"{i.one_core.time_s * 1e3:.4f}" if i else "-", f"{i.four_cores.time_s * 1e3:.4f}" if i else "-",
                      short_config(i.spec) if i else "refused"])

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..ort import qwen
 from . import ort_bench, x60
-from .ort_rows import BLOCK, NodeCount, mean_counts, modeled_time, total
+from .ort_rows import BLOCK, NodeCount, mean_counts, modeled_time
 from .tune import Case
 from .workload import QWEN25_05B, shapes
 
@@ -105,7 +105,7 @@ def count_model(layers: int, vocab: int, mode: str, specs=None, library: Path | 
         parts += tuple(s.describe() for s in specs)
     rc = ort_bench.cached_count_runs(parts, model_maker(layers, vocab, mode, specs, stock_logits, overrides), threads=1, runs=1,
                                      custom_ops=library)
-    return NodeCount(mean_counts(rc.runs), [total(r) for r in rc.runs], rc.check["worst"], rc.version), \
+    return NodeCount(mean_counts(rc.runs), [x60.total_instructions(r) for r in rc.runs], rc.check["worst"], rc.version), \
         rc.outputs["logits"]
 
 
@@ -164,7 +164,7 @@ def matmul_counts(nodes: dict, M: int) -> float | None:
         key = (s.name, 1 if s.name == "lm_head" else M)
         if key not in nodes:
             return None
-        t += s.per_token * total(nodes[key])
+        t += s.per_token * x60.total_instructions(nodes[key])
     return t
 
 
@@ -209,7 +209,7 @@ def run(tuned, ort_rows_, log=None) -> WholeModel:
                     log(f"whole model: {path}, {mode}, {L} layer(s), vocab {vocab}")
                 if not mine:
                     nc = count_model(L, vocab, mode)[0]
-                    counted[(path, mode, L)] = total(nc.counts)
+                    counted[(path, mode, L)] = x60.total_instructions(nc.counts)
                     return nc
                 stock_logits = count_model(L, vocab, mode)[1]
                 # Up to STRICT_LAYERS the logits must be within ORT's level-4 tolerance of stock's (checked
@@ -221,7 +221,7 @@ def run(tuned, ort_rows_, log=None) -> WholeModel:
                     worst, rms, same_top = deep_agreement(stock_logits, logits)
                     counted[(path, mode, L, "logits")] = (worst, rms, same_top)
                     nc = NodeCount(nc.counts, nc.runs, worst, nc.version)
-                counted[(path, mode, L)] = total(nc.counts)
+                counted[(path, mode, L)] = x60.total_instructions(nc.counts)
                 return nc
 
             nodes = stock_nodes if path == "stock ORT" else lib_nodes
@@ -231,7 +231,7 @@ def run(tuned, ort_rows_, log=None) -> WholeModel:
                 # QEMU. Stock's prefill with its MatMulNBits (single-node counts) replaced by ORT+imegen's.
                 c24 = _add(_add(results["prefill"]["stock ORT"].counts, node_sum(stock_nodes, M), -1),
                            node_sum(lib_nodes, M))
-                counted[(path, mode, "composed")] = total(c24)
+                counted[(path, mode, "composed")] = x60.total_instructions(c24)
                 plan = plan_kernel(pre_spec)
                 per[path] = PathFigures(c24, matmul_counts(nodes, M),
                                         dram_bytes(M, lambda N, K, plan=plan: x60.packed_b_bytes(plan, N, K)),
@@ -242,7 +242,7 @@ def run(tuned, ort_rows_, log=None) -> WholeModel:
             c24 = extrapolate(cs[0].counts, cs[1].counts)
             checks = [nc.worst for nc in cs]
             if mode == "decode":  # cheap enough to count directly: the extrapolation is then a check
-                counted[(path, mode, "extrapolated")] = total(c24)
+                counted[(path, mode, "extrapolated")] = x60.total_instructions(c24)
                 direct = count(LAYERS)
                 c24, checks = direct.counts, checks + [direct.worst]
             if mode == "prefill":  # swap the small LM head at M = PREFILL for the full one at M = 1
@@ -281,12 +281,12 @@ def table(w: WholeModel, calibration: str = "") -> str:
             t4, b4 = modeled_time(f.counts, f.dram_bytes, 4)
             n = 1 if mode.startswith("decode") else PREFILL
             rate = f"{t4 * 1e3:.1f} ms/token (4c)" if n == 1 else f"{n / t4:.1f} tok/s (4c)"
-            body.append([mode, path, f"{total(f.counts) / 1e9:.3f}", f"{f.matmul / total(f.counts):.0%}",
+            body.append([mode, path, f"{x60.total_instructions(f.counts) / 1e9:.3f}", f"{f.matmul / x60.total_instructions(f.counts):.0%}",
                          f"{t1 * 1e3:.1f}", b1, f"{t4 * 1e3:.1f}", b4, rate,
                          "-" if path == "stock ORT" else f"{f.check:.2f} tol" if np.isfinite(f.check) else "composed"])
     text = format_table(head, body, right={2, 3, 4, 6})
-    ratio_d = total(w.decode["stock ORT"].counts) / total(w.decode["ORT+imegen"].counts)
-    ratio_p = total(w.prefill["stock ORT"].counts) / total(w.prefill["ORT+imegen"].counts)
+    ratio_d = x60.total_instructions(w.decode["stock ORT"].counts) / x60.total_instructions(w.decode["ORT+imegen"].counts)
+    ratio_p = x60.total_instructions(w.prefill["stock ORT"].counts) / x60.total_instructions(w.prefill["ORT+imegen"].counts)
     deep = [(k, v) for k, v in w.counted.items() if len(k) == 4 and k[3] == "logits"]
     agreement = "".join(f" At {k[2]} layers ({k[1]}) ORT+imegen's logits differ from stock's by {v[0]:.2f} x the level-4 "
                         f"tolerance at worst, {v[1]:.2%} relative RMS, top token {'the same' if v[2] else 'DIFFERENT'} "

@@ -79,10 +79,6 @@ def mean_counts(runs: list[dict]) -> dict[str, float]:
     return {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
 
 
-def total(counts: dict) -> float:
-    return sum(x60.class_totals(counts).values())
-
-
 @dataclass(frozen=True)
 class NodeCount:
     counts: dict[str, float]  # mean per-Run, sum over threads
@@ -99,7 +95,7 @@ def count_node(case: Case, threads: int, specs=None, library: Path | None = None
         parts += tuple(s.describe() for s in specs)
     rc = ort_bench.cached_count_runs(parts, lambda d: node_model(d, M, N, K, case.block, specs), threads=threads,
                                      runs=runs_for(M, N, K), custom_ops=library)
-    return NodeCount(mean_counts(rc.runs), [total(r) for r in rc.runs], rc.check["worst"], rc.version)
+    return NodeCount(mean_counts(rc.runs), [x60.total_instructions(r) for r in rc.runs], rc.check["worst"], rc.version)
 
 
 @dataclass(frozen=True)
@@ -176,15 +172,15 @@ def table(res, rs: list[OrtRow]) -> str:
         ev = res.get(r.case, "imegen")
         s1, s4 = r.stock[1], r.stock[4]
         t1, t4 = r.modeled(1)[0], r.modeled(4)[0]
-        mine = total(ev.counts)
+        mine = x60.total_instructions(ev.counts)
         lib = r.imegen_lib
         lib_cells = ["-", "-", "-"]
         if lib is not None:
             lt = modeled_time(lib.counts, ev.one_core.dram_bytes, 1)[0]
-            lib_cells = [f"{total(lib.counts) / 1e6:.3f}", f"{(total(lib.counts) - mine) / 1e6:.3f}", f"{lt * 1e3:.4f}"]
+            lib_cells = [f"{x60.total_instructions(lib.counts) / 1e6:.3f}", f"{(x60.total_instructions(lib.counts) - mine) / 1e6:.3f}", f"{lt * 1e3:.4f}"]
         worst = max([s1.worst, s4.worst] + ([lib.worst] if lib else []))
-        body.append([r.case.shape, str(r.case.M), f"{total(s1.counts) / 1e6:.3f}", f"{total(s4.counts) / 1e6:.3f}",
-                     f"{mine / 1e6:.3f}", f"{total(s1.counts) / mine:.1f}x", f"{t1 * 1e3:.4f}", f"{t4 * 1e3:.4f}",
+        body.append([r.case.shape, str(r.case.M), f"{x60.total_instructions(s1.counts) / 1e6:.3f}", f"{x60.total_instructions(s4.counts) / 1e6:.3f}",
+                     f"{mine / 1e6:.3f}", f"{x60.total_instructions(s1.counts) / mine:.1f}x", f"{t1 * 1e3:.4f}", f"{t4 * 1e3:.4f}",
                      f"{ev.one_core.time_s * 1e3:.4f}", f"{ev.four_cores.time_s * 1e3:.4f}",
                      f"{t1 / ev.one_core.time_s:.1f}x", f"{t4 / ev.four_cores.time_s:.1f}x", *lib_cells,
                      f"{worst:.2f} tol"])
@@ -224,11 +220,11 @@ def write_csv(res, rs: list[OrtRow]) -> str:
         c = r.case
         for t, nc in sorted(r.stock.items()):
             ms, bound = r.modeled(t)
-            w.writerow([c.shape, c.M, c.N, c.K, c.block, "stock ORT", t, round(total(nc.counts)), f"{ms * 1e3:.6f}",
+            w.writerow([c.shape, c.M, c.N, c.K, c.block, "stock ORT", t, round(x60.total_instructions(nc.counts)), f"{ms * 1e3:.6f}",
                         bound, f"{nc.worst:.4f}", nc.version])
         if r.imegen_lib is not None:
             ev = res.get(c, "imegen")
             ms, bound = modeled_time(r.imegen_lib.counts, ev.one_core.dram_bytes, 1)
-            w.writerow([c.shape, c.M, c.N, c.K, c.block, "ORT+imegen", 1, round(total(r.imegen_lib.counts)),
+            w.writerow([c.shape, c.M, c.N, c.K, c.block, "ORT+imegen", 1, round(x60.total_instructions(r.imegen_lib.counts)),
                         f"{ms * 1e3:.6f}", bound, f"{r.imegen_lib.worst:.4f}", r.imegen_lib.version])
     return buf.getvalue()

@@ -98,6 +98,11 @@ def class_totals(counts: dict[str, float], tags=TAGS) -> dict[str, float]:
     return {c: sum(counts.get(f"{t}.{c}", 0) for t in tags) for c in CLASSES}
 
 
+def total_instructions(counts: dict[str, float], tags=TAGS) -> float:
+    """Every instruction of the given tags, whatever its class."""
+    return sum(class_totals(counts, tags).values())
+
+
 def group_totals(counts: dict[str, float], tags=TAGS) -> dict[str, float]:
     cls = class_totals(counts, tags)
     return {g: sum(cls[c] for c in members) for g, members in GROUPS.items()}
