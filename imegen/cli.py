@@ -132,6 +132,9 @@ def explain(plan: KernelPlan) -> str:
                 if plan.blksum else "MLAS Q8 blocks per row: [fp32 scale][BLK x int8]" if s.compute == "int8" else "ORT's fp32 rows")
     else:
         loops = "N tiles outer, M tiles inner"
+        if plan.ime and plan.ime.staged:
+            loops = (f"M blocks outer, then N tiles, each staged once per M block into the workspace (B - zero points, "
+                     f"spread fp32 scales: {plan.ime.stage_block_bytes} B per block), M tiles inner")
         a_ws = f"{'int8, per-block scale and sum' if s.compute == 'int8' else 'fp32 copy'}; A[m][k] at {plan.a_index}"
     lines = [f"kernel {plan.name}", f"  config      {s.describe()}",
              f"  tile        {s.tile_m}x{s.tile_n} outputs per micro-kernel call; loops: {loops}",

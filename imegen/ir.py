@@ -41,6 +41,7 @@ class KernelSpec:
     scales: str = "inline"  # scales/zero points: inline (ahead of each panel block) | separate | ort (raw ORT arrays)
     abi: str = "imegen"  # imegen (NAME_matmul) | mlas (ORT MLAS QNBitGemm dispatch entry points)
     scale_type: str = "fp32"  # packed-B scales: fp32 (ORT's) | fp16 (half the scale bytes, int8 compute only)
+    stage_b: str = "tile"  # int4 B unpacked by each tile | once per M block into the workspace (staged_b_refusal)
     source: Span | None = field(default=None, compare=False)
 
     def describe(self) -> str:
@@ -51,6 +52,7 @@ class KernelSpec:
             f"bias={'yes' if self.bias else 'no'} compute={self.compute} target={self.target}{vlen} "
             f"tile={self.tile_m}x{self.tile_n} k_unroll={self.k_unroll} unpack={self.unpack} "
             f"panel={self.panel} scales={self.scales} scale_type={self.scale_type} abi={self.abi}"
+            + (f" stage_b={self.stage_b}" if self.stage_b != "tile" else "")
         )
 
 
@@ -71,6 +73,7 @@ _CHOICES: dict[str, tuple[str, object]] = {
     "scales": ("scales", ("inline", "separate")),
     "abi": ("abi", ("imegen", "mlas")),
     "scale_type": ("scale_type", ("fp32", "fp16")),
+    "stage_b": ("stage_b", ("tile", "m_block")),
 }
 
 # Ranges of the free-form numbers (the other numeric settings are choices above), with why.
@@ -170,6 +173,26 @@ def fp32_acc_in_registers(spec: KernelSpec) -> bool:
     return 2 * acc + a + b + zp <= VECTOR_REGISTERS and 2 * acc + IME_FOLD_REGS_IN_REGISTERS <= VECTOR_REGISTERS
 
 
+def staged_b_refusal(spec: KernelSpec) -> str | None:
+    """Why `stage_b = m_block` cannot be generated for spec (None: it can). Staged, the int4 B of an
+    N tile is unpacked (minus its zero points) and its scales are spread over the fold's lanes once
+    per M block into the workspace; every tile of the block then loads them instead of unpacking:
+    the loop keeps only loads and vmadots, the fold one load for the B scales (fp16 ones widened
+    while staging). The form is written for the tuner's prefill winners: two 4-column B tiles, one
+    or two 4-row A tiles, two 8-k steps per iteration, fp32 accumulators and the fold's index tables
+    in registers."""
+    if spec.target != "ime" or spec.op != "gemm" or spec.bits != 4 or spec.abi != "imegen":
+        return "stage_b = m_block stages unpacked int4 B for IME gemm kernels: it needs target ime, op gemm, bits 4, abi imegen"
+    if spec.tile_n != 8 or spec.tile_m not in (4, 8) or spec.k_unroll != 2:
+        return (f"stage_b = m_block is generated for tiles 4x8 and 8x8 at k_unroll 2 (fp32 accumulators, staged B and "
+                f"the fold's index tables all in registers), not {spec.tile_m}x{spec.tile_n} at k_unroll {spec.k_unroll}")
+    return None
+
+
+def staged(spec: KernelSpec) -> bool:
+    return spec.stage_b == "m_block"
+
+
 def register_budget(spec: KernelSpec) -> dict[str, int]:
     """Vector registers the kernel's inner loop keeps live, by class (0 for scalar)."""
     if spec.target == "ime":
@@ -191,6 +214,9 @@ def register_budget(spec: KernelSpec) -> dict[str, int]:
             fold = IME_FOLD_REGS_IN_REGISTERS - a_regs - b_regs
         else:
             fold = IME_FOLD_REGS - a_regs - b_regs
+        if staged(spec):  # no zero points or unpacking in the loop; the fold's tables and B scales stay apart
+            return {"int32 accumulators": 2 * ma * na, "fp32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": b_regs,
+                    "index tables": 2 * ma, "spread B scales": 4}
         zp = na if zero_points_in_b(spec) == "asymmetric" else 0
         budget = {"int32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": b_regs}
         if in_regs:
@@ -253,6 +279,10 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
         if spec.compute != "int8":
             refuse("scale_type", "fp16 scales (11-bit mantissa) put fp32-compute results outside ORT's accuracy_level 0/1 "
                    "tolerance; use them with compute = int8")
+    if staged(spec):
+        why = staged_b_refusal(spec)
+        if why:
+            refuse("stage_b", why)
     if spec.op == "gemv" and spec.tile_m != 1:
         refuse("tile", f"a gemv kernel computes one row at a time, so its tile must be 1xN, not {spec.tile_m}x{spec.tile_n}")
     if spec.panel % spec.tile_n:

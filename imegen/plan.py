@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from .ime_encoding import encode_vmadot, mnemonic
-from .ir import KernelSpec, fp32_acc_in_registers, gemv_fold_lmul, lmul_for, register_budget, zero_points_in_b
+from .ir import KernelSpec, fp32_acc_in_registers, gemv_fold_lmul, lmul_for, register_budget, staged, zero_points_in_b
 
 # M blocking: the rows of A's workspace one pass over all N tiles reuses stay within 3/4 of the K1's
 # 512 KB cluster L2, so A is read from L2 (and the packed B streamed once per M block) instead of A
@@ -87,10 +87,20 @@ class ImePlan:
     row_step: int = 0  # its scalar step of the row table
     unrolled: bool = False  # few iterations per block: the body is repeated, no loop counter or branch
     entry_vset: bool = True  # the body relies on entering at e8, m1 (else it sets vtype itself first)
+    # stage_b = m_block (_staged_ime_plan): `stage` is the asm that writes an N tile's staged B (every
+    # block: its unpacked B - zp tiles, then its B scales spread over the fold's lanes, stage_block_bytes
+    # in all) for the tiles of an M block; stage_index its lane -> column table (e16).
+    stage: tuple[AsmOp, ...] = ()
+    stage_block_bytes: int = 0
+    stage_index: tuple[int, ...] = ()
 
     @property
     def whole_k(self) -> bool:
         return bool(self.facc_regs)
+
+    @property
+    def staged(self) -> bool:
+        return bool(self.stage)
 
     def uses(self, operand: str) -> bool:
         """Does any instruction of the asm statement name %[operand]?"""
@@ -206,6 +216,8 @@ def _a_index(spec: KernelSpec) -> tuple[str, int, int]:
 
 
 def _ime_plan(spec: KernelSpec) -> ImePlan:
+    if staged(spec):
+        return _staged_ime_plan(spec)
     ma, na, ku = max(1, spec.tile_m // 4), spec.tile_n // 4, spec.k_unroll
     gemv = spec.tile_m == 1
     zp_in_b = zero_points_in_b(spec)
@@ -406,27 +418,7 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
                      *((AsmOp("add", "add %[zp], %[zp], %[zps]", "next block's zero points"),) if zp_in_b == "asymmetric" else ()),
                      AsmOp("addi", "addi %[sa], %[sa], 4", "next block's A scales"),
                      AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
-        to_facc = tuple(op for mi, row in enumerate(facc) for ni, r in enumerate(row)
-                        for op in (AsmOp("addi", f"addi t1, %[facc], {(mi * na + ni) * 64}"), AsmOp("vse32", f"vse32.v v{r}, (t1)")))
-        if direct_store:
-            # A whole tile (no bias) goes straight to C: one indexed store per accumulator pair, at byte
-            # offsets r * ldc * 4 + q * 4 of lane 4r + q (built in the dead int32 accumulators).
-            T, Q = acc[0][0], acc[0][1] if na > 1 else acc[1][0]
-            to_c = [AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{T}, (t1)", "lane -> row r"),
-                    AsmOp("vmul", f"vmul.vx v{T}, v{T}, %[ldc4]", "r * ldc * 4"),
-                    AsmOp("vle32", f"vle32.v v{Q}, (%[idx])", "lane -> column q"), AsmOp("vsll", f"vsll.vi v{Q}, v{Q}, 2"),
-                    AsmOp("vadd", f"vadd.vv v{T}, v{T}, v{Q}", "byte offsets in C"),
-                    AsmOp("slli", "slli t2, %[ldc4], 2", "4 rows of C"), AsmOp("mv", "mv t0, %[c]")]
-            for mi, row in enumerate(facc):
-                if mi:
-                    to_c.append(AsmOp("add", "add t0, t0, t2"))
-                for ni, r in enumerate(row):
-                    to_c += [AsmOp("addi", f"addi t1, t0, {16 * ni}"),
-                             AsmOp("vsuxei32", f"vsuxei32.v v{r}, (t1), v{T}", f"C rows {4 * mi}.., cols {4 * ni}..")]
-            tile_end = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"), AsmOp("beqz", "beqz %[full], 3f", "an edge tile: via facc"),
-                        *to_c, AsmOp("j", "j 4f"), AsmOp("label", "3:"), *to_facc, AsmOp("label", "4:"))
-        else:
-            tile_end = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"), *to_facc)
+        tile_end = _tile_end(acc, facc, direct_store)
     return ImePlan(
         ma=ma, na=na, acc_regs=acc, prologue=tuple(prologue), body=tuple(ops), fold=fold,
         iterations_per_block=iterations, a_bytes_per_iteration=a_step,
@@ -441,6 +433,131 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
         index16=PAIRED_FOLD_INDEX if any("%[idx16]" in op.text for op in tile_start) else (), row_step=ROW_STEP,
         acc_zero=_acc_zero(2 * ma * na, on_vfp=not gemv), unrolled=unrolled, entry_vset=not _sets_vtype_first(ops),
     )
+
+
+# stage_b = m_block: e16 tables of the staged fold (rows of 4x4 tile lanes: T0 -> A scales 0..3, T1 -> 4..7)
+# and of the staging (lane -> column of its tile: the B scale it gets), 32 lanes each.
+STAGED_ROW_INDEX = tuple((lane % 16) // 4 + 4 * mi for mi in range(2) for lane in range(32))
+STAGED_COLUMN_INDEX = tuple(4 * (lane // 16) + lane % 4 for lane in range(32))
+# Register map of the staged kernels (ir.register_budget): accumulators from v0, then
+B_STAGED, A_STAGED, SCALES_STAGED, TABLES_STAGED = 16, 20, 24, 28
+
+
+def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
+    """stage_b = m_block (ir.staged_b_refusal): TN = 8, TM = 4ma, k_unroll 2, fp32 accumulators in registers.
+
+    Per N tile and M block, `stage` writes for every block the B tiles each loop iteration loads
+    (high then low nibbles minus the zero points, signed: 4 registers, one whole-register load) and
+    the block's 8 B scales spread over the lanes of a row tile's two accumulator pairs (fp16 ones
+    widened first). A tile's block is then: zero the int32 accumulators, per iteration one A and one
+    B load and 4ma vmadots, and the fold: one vfcvt, one load of the spread B scales, one strided
+    load of the A scales and per row tile a vrgatherei16 (row table kept in registers), a vfmul and
+    a vfmacc on LMUL-4 groups."""
+    ma, na, ku = spec.tile_m // 4, 2, 2
+    acc = tuple(tuple(4 * mi + 2 * ni for ni in range(na)) for mi in range(ma))
+    facc = tuple(tuple(4 * ma + 4 * mi + 2 * ni for ni in range(na)) for mi in range(ma))
+    B, A, SB, T = B_STAGED, A_STAGED, SCALES_STAGED, TABLES_STAGED
+    iterations = spec.block // 16
+    unrolled = iterations <= MAX_UNROLLED_ITERATIONS
+    body = [AsmOp("vle8", f"vl{ku * ma}re8.v v{A}, (%[a])", f"A: {ku} k-steps x {ma} tiles"),
+            AsmOp("vle8", f"vl4re8.v v{B}, (%[b])", "staged B: k-step 1 (v16-v17), k-step 0 (v18-v19), cols 0..7"),
+            AsmOp("addi", "addi %[b], %[b], 128")]
+    for step in range(ku):
+        for mi in range(ma):
+            for ni in range(na):
+                vd, vs1, vs2 = acc[mi][ni], A + step * ma + mi, B + 2 * (1 - step) + ni
+                word = encode_vmadot(vd, vs1, vs2, signedness="ss")
+                body.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic('ss', 0)} v{vd}, v{vs1}, v{vs2}"))
+    body.append(AsmOp("addi", f"addi %[a], %[a], {ku * ma * 32}"))
+    fold: list[AsmOp] = []
+    vt = _Vtype(fold)
+    for first, g in acc_groups(4 * ma):
+        vt(None, "e32", f"m{g}")
+        fold.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
+    fold += [AsmOp("vle32", f"vl4re32.v v{SB}, (%[b])", "staged B scales, spread over a row tile's lanes"),
+             AsmOp("addi", "addi %[b], %[b], 128")]
+    vt(4 * ma, "e32", "m1")
+    fold.append(AsmOp("vlse32", f"vlse32.v v{B}, (%[sa]), %[sas]", f"A scales, rows 0..{4 * ma - 1}"))
+    vt(None, "e32", "m4")
+    for mi in range(ma):
+        fold += [AsmOp("vrgather", f"vrgatherei16.vv v{A}, v{B}, v{T + 2 * mi}", f"A scales of rows {4 * mi}..{4 * mi + 3}, twice"),
+                 AsmOp("vfmul", f"vfmul.vv v{A}, v{A}, v{SB}", "scale_a * scale_b"),
+                 AsmOp("vfmacc", f"vfmacc.vv v{facc[mi][0]}, v{acc[mi][0]}, v{A}", f"row tile {mi}, both column tiles")]
+    tile_start = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
+                  *(AsmOp("vmv", f"vmv.v.i v{r}, 0", "fp32 accumulators") for row in facc for r in row),
+                  AsmOp("vle16", f"vl{2 * ma}re16.v v{T}, (%[idx16])", "e16 row tables, for every block"),
+                  AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
+    block_end = (AsmOp("addi", "addi %[sa], %[sa], 4", "next block's A scales"),
+                 AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
+    direct_store = not spec.bias
+    return ImePlan(
+        ma=ma, na=na, acc_regs=acc, prologue=(), body=tuple(body), fold=tuple(fold),
+        iterations_per_block=iterations, a_bytes_per_iteration=ku * ma * 32,
+        b_stride=spec.panel * 8, b_walk=iterations * spec.panel * 8,
+        clobbers=tuple(f"v{r}" for r in range(32)), vmadots_per_tile_block=(spec.block // 8) * ma * na,
+        facc_floats=ma * na * 16, facc_at=f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4",
+        facc_regs=facc, direct_store=direct_store, tile_start=tile_start, block_end=block_end,
+        tile_end=_tile_end(acc, facc, direct_store), index16=STAGED_ROW_INDEX[:32 * ma],
+        acc_zero=_acc_zero(4 * ma, on_vfp=True), unrolled=unrolled, entry_vset=True,
+        stage=_stage_b(spec, iterations), stage_block_bytes=iterations * 128 + 128, stage_index=STAGED_COLUMN_INDEX,
+    )
+
+
+def _stage_b(spec: KernelSpec, iterations: int) -> tuple[AsmOp, ...]:
+    """The staging asm: for every block of an N tile (8 columns of a panel), its B tiles unpacked as
+    the tile loop of a non-staged kernel would (vand/vsrl, minus the spread zero points or 8) and
+    stored whole, then its 8 B scales as fp32 spread by the lane -> column table (v16)."""
+    ops = [AsmOp("vle16", "vl2re16.v v16, (%[cols])", "lane -> column, for every block"), AsmOp("label", "2:", "each block")]
+    asym = spec.zero_point == "asymmetric"
+    if asym:
+        ops += [AsmOp("vset", "vsetivli zero, 8, e8, m1, ta, ma"), AsmOp("vle8", "vle8.v v8, (%[zp])", "the 8 columns' zero points"),
+                AsmOp("vset", "vsetivli zero, 8, e64, m2, ta, ma"), AsmOp("vzext", "vzext.vf8 v4, v8", "one column per 64-bit lane"),
+                AsmOp("vmul", "vmul.vx v4, v4, %[rep]", "zero point in all 8 bytes of its column"),
+                AsmOp("vmv", "vmv2r.v v6, v4", "again: for the high and the low nibbles")]
+    for _ in range(iterations):
+        ops += [AsmOp("vle8", "vl2re8.v v0, (%[b])", "16 k x 8 columns of codes"), AsmOp("add", "add %[b], %[b], %[bstride]"),
+                AsmOp("vset", "vsetvli t0, zero, e8, m2, ta, ma"), AsmOp("vand", "vand.vi v2, v0, 15", "low nibbles: k-step 0"),
+                AsmOp("vsrl", "vsrl.vi v0, v0, 4", "high nibbles: k-step 1"), AsmOp("vset", "vsetvli t0, zero, e8, m4, ta, ma"),
+                AsmOp("vsub", "vsub.vv v0, v0, v4", "- zero points") if asym else AsmOp("vadd", "vadd.vi v0, v0, -8", "- 8"),
+                AsmOp("vse8", "vs4r.v v0, (%[out])"), AsmOp("addi", "addi %[out], %[out], 128")]
+    if spec.scale_type == "fp16":
+        ops += [AsmOp("vset", "vsetivli zero, 8, e16, mf2, ta, ma"), AsmOp("vle16", "vle16.v v12, (%[sb])", "B fp16 scales"),
+                AsmOp("vfwcvt", "vfwcvt.f.f.v v8, v12", "widened to fp32, once per M block")]
+    else:
+        ops += [AsmOp("vset", "vsetivli zero, 8, e32, m1, ta, ma"), AsmOp("vle32", "vle32.v v8, (%[sb])", "B scales")]
+    ops += [AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma"),
+            AsmOp("vrgather", "vrgatherei16.vv v12, v8, v16", "spread: lane -> its column's scale"),
+            AsmOp("vse32", "vs4r.v v12, (%[out])"), AsmOp("addi", "addi %[out], %[out], 128"),
+            AsmOp("add", "add %[b], %[b], %[bnext]", "next block's B"), AsmOp("add", "add %[sb], %[sb], %[sbs]", "next block's B scales"),
+            *((AsmOp("add", "add %[zp], %[zp], %[zps]", "next block's zero points"),) if asym else ()),
+            AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b")]
+    return tuple(ops)
+
+
+def _tile_end(acc: tuple[tuple[int, ...], ...], facc: tuple[tuple[int, ...], ...], direct_store: bool) -> tuple[AsmOp, ...]:
+    """After the last block: the fp32 accumulator pairs to facc (for the C epilogue), or with
+    `direct_store` whole tiles straight to C and edge tiles to facc."""
+    na = len(acc[0])
+    to_facc = tuple(op for mi, row in enumerate(facc) for ni, r in enumerate(row)
+                    for op in (AsmOp("addi", f"addi t1, %[facc], {(mi * na + ni) * 64}"), AsmOp("vse32", f"vse32.v v{r}, (t1)")))
+    if direct_store:
+        # A whole tile (no bias) goes straight to C: one indexed store per accumulator pair, at byte
+        # offsets r * ldc * 4 + q * 4 of lane 4r + q (built in the dead int32 accumulators).
+        T, Q = acc[0][0], acc[0][1] if na > 1 else acc[1][0]
+        to_c = [AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{T}, (t1)", "lane -> row r"),
+                AsmOp("vmul", f"vmul.vx v{T}, v{T}, %[ldc4]", "r * ldc * 4"),
+                AsmOp("vle32", f"vle32.v v{Q}, (%[idx])", "lane -> column q"), AsmOp("vsll", f"vsll.vi v{Q}, v{Q}, 2"),
+                AsmOp("vadd", f"vadd.vv v{T}, v{T}, v{Q}", "byte offsets in C"),
+                AsmOp("slli", "slli t2, %[ldc4], 2", "4 rows of C"), AsmOp("mv", "mv t0, %[c]")]
+        for mi, row in enumerate(facc):
+            if mi:
+                to_c.append(AsmOp("add", "add t0, t0, t2"))
+            for ni, r in enumerate(row):
+                to_c += [AsmOp("addi", f"addi t1, t0, {16 * ni}"),
+                         AsmOp("vsuxei32", f"vsuxei32.v v{r}, (t1), v{T}", f"C rows {4 * mi}.., cols {4 * ni}..")]
+        return (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"), AsmOp("beqz", "beqz %[full], 3f", "an edge tile: via facc"),
+                *to_c, AsmOp("j", "j 4f"), AsmOp("label", "3:"), *to_facc, AsmOp("label", "4:"))
+    return (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"), *to_facc)
 
 
 def _sets_vtype_first(body: list[AsmOp]) -> bool:

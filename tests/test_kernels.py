@@ -42,6 +42,8 @@ def kernel_specs(draw, target=None):
     }
     if target == "rvv":
         settings["vlen"] = draw(st.sampled_from([128, 256]))
+    if target == "ime" and tm in (4, 8) and tn == 8 and settings["k_unroll"] == 2 and settings["bits"] == 4:
+        settings["stage_b"] = draw(st.sampled_from(["tile", "m_block"]))
     text = "kernel fuzz {\n" + "".join(f"  {k} = {v}\n" for k, v in settings.items()) + "}\n"
     try:
         return specs_from_text(text, "fuzz.imegen")[0]
@@ -199,3 +201,34 @@ def test_large_tiles_keep_fp32_accumulators_in_memory():
     for text in ("tile = 8x16  k_unroll = 2  panel = 16", "tile = 8x8  k_unroll = 4  panel = 8  zero_point = asymmetric", "tile = 8x8  bits = 8  k_unroll = 2  panel = 8"):
         spec = specs_from_text(f"kernel mem {{ target = ime  compute = int8  {text} }}")[0]
         assert not fp32_acc_in_registers(spec) and not plan_kernel(spec).ime.whole_k
+
+
+@pytest.mark.parametrize("settings", [
+    "tile = 8x8  panel = 16  zero_point = asymmetric  scale_type = fp32  scales = inline  block = 32",
+    "tile = 4x8  panel = 8  zero_point = symmetric  scale_type = fp16  scales = separate  block = 64  unpack = interleaved  bias = yes",
+    "tile = 8x8  panel = 32  zero_point = asymmetric  scale_type = fp16  scales = inline  block = 128",
+])
+def test_staged_b_over_several_m_blocks(settings):
+    """stage_b = m_block unpacks an N tile's B once per M block into the workspace: with the A budget
+    cut to two tiles of rows (plus the staged B), M = 57 runs several M blocks, each re-staging every N
+    tile, with a partial last block, M tile, N tile and K block; both compilers, exact reference."""
+    from imegen.perf import x60
+
+    spec = specs_from_text(f"kernel staged {{ target = ime  compute = int8  bits = 4  k_unroll = 2  stage_b = m_block  {settings} }}")[0]
+    plan = plan_kernel(spec)
+    assert plan.ime.staged and plan.ime.whole_k
+    K, tm = 13 * spec.block + 7, spec.tile_m
+    row_bytes = (x60.workspace_bytes(plan, tm, K) - x60.staged_bytes(plan, K)) // tm
+    plan = dataclasses.replace(plan, a_block_bytes=x60.staged_bytes(plan, K) + 2 * tm * row_bytes)
+    assert x60.m_block_rows(plan, K) == 2 * tm
+    cases = make_cases(plan, np.random.default_rng(12), [(57, 21, K), (8, 16, spec.block)], exact=True)
+    for compiler in ("clang", "gcc"):
+        for case, result in zip(cases, run_cases(build(plan, compiler=compiler), cases, vlen=256)):
+            assert compare(plan, case, result, exact=True).ok, compiler
+
+
+def test_staged_b_refuses_what_it_is_not_written_for():
+    for text, what in (("tile = 8x16  k_unroll = 2", "4x8 and 8x8 at k_unroll 2"), ("tile = 8x8  k_unroll = 4", "k_unroll 2"),
+                       ("tile = 1x8  op = gemv", "op gemm"), ("tile = 8x8  bits = 8", "bits 4")):
+        with pytest.raises(SpecError, match=what):
+            specs_from_text(f"kernel s {{ target = ime  compute = int8  {text}  stage_b = m_block }}")

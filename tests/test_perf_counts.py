@@ -134,6 +134,32 @@ def test_extrapolated_counts_equal_a_direct_run(plugin_so, name):
         assert direct.emulated_vmadots == got["kernel.vmadot"] == 3 * 3 * 3 * 16
 
 
+@NEEDS_TOOLS
+def test_extrapolation_counts_every_m_block(plugin_so):
+    """The reduced runs lie in one M block; what each further block costs besides its tiles (its N loop
+    and, with stage_b = m_block, the staging of every N tile) is added once per block. Here the A budget
+    holds two M tiles of rows, so M = 40 runs three blocks; the extrapolation must match a direct run
+    up to the call's own entry code (counted once per block: about 130 instructions)."""
+    import dataclasses
+
+    from imegen.perf import x60
+
+    spec = specs_from_text("kernel st { target = ime  compute = int8  bits = 4  block = 32  zero_point = asymmetric "
+                           "op = gemm  tile = 8x8  k_unroll = 2  panel = 16  stage_b = m_block }")[0]
+    plan = plan_kernel(spec)
+    M, N, K = 40, 21, 13 * 32 + 7
+    row_bytes = (x60.workspace_bytes(plan, 8, K) - x60.staged_bytes(plan, K)) // 8
+    plan = dataclasses.replace(plan, a_block_bytes=x60.staged_bytes(plan, K) + 2 * 8 * row_bytes)
+    (sc,) = measure.measure_shapes(plan, [(M, N, K)], use_cache=False)
+    assert sc.m_blocks == 3
+    (direct,) = measure.run_cases(measure.build_bench(plan), [(M, N, K)])
+    got, one_block = sc.matmul(1), dataclasses.replace(sc, m_blocks=1).matmul(1)
+    kernel = lambda c: sum(v for k, v in c.items() if k.startswith("kernel.") and k.count(".") == 1)  # noqa: E731
+    assert abs(kernel(got) - kernel(direct.matmul)) <= 2 * 200
+    assert kernel(direct.matmul) - kernel(one_block) > 4 * 2 * 200  # the per-block part is real: without it, far off
+    assert direct.emulated_vmadots == got["kernel.vmadot"]
+
+
 def test_per_core_split():
     sc = measure.ShapeCounts(M=8, N=64, K=32, mt=2, nt=8, p0={"kernel.int": 10}, dp={"kernel.int": 10},
                              f00={"kernel.int": 100}, dm={"kernel.int": 100}, dn={"kernel.int": 100},

@@ -218,7 +218,7 @@ static void run_rows(void *p, size_t chunk) {
         __atomic_store_n(&j->status, -1, __ATOMIC_RELAXED);
         return;
     }
-    j->k->prepare_a(rows, K, j->A + m0 * K, K, ws);
+    /* matmul quantizes A into ws itself: a prepare_a call here did it twice per Run */
     const int status = j->k->matmul(rows, N, K, j->A + m0 * K, K, j->packed, j->bias, j->C + m0 * N, N, ws);
     if (status) __atomic_store_n(&j->status, status, __ATOMIC_RELAXED);
     free(ws);

@@ -36,7 +36,7 @@ from .. import cache, toolchain
 from ..plan import KernelPlan, expected_vmadots
 from ..render import march_for, render_kernel
 from ..toolchain import ToolchainError
-from . import plugin
+from . import plugin, x60
 from .plugin import run_counted
 
 DRIVER = Path(__file__).with_name("bench_driver.c")
@@ -272,14 +272,19 @@ class ShapeCounts:
     dn: dict[str, int]
     dmn: dict[str, int]
     samples: tuple[tuple[int, int, int], ...] = field(default=())
+    m_blocks: int = 1  # M blocks of the full shape (x60.m_block_rows); the samples lie in one
 
     def prep(self) -> dict[str, float]:
         return _axpy(self.p0, (self.mt - 1, self.dp))
 
     def tiles(self, nt: int | None = None) -> dict[str, float]:
+        """The tile loop over mt x nt tiles. What one M block costs besides its M tiles (the N loop,
+        and a staged B's staging of every N tile) is f00 + y dn - (dm + y dmn): once per further block
+        (which also repeats the call's entry code, ~130 instructions a block: the only inexact part)."""
         nt = self.nt if nt is None else nt
         x, y = self.mt - 1, nt - 1
-        return _axpy(self.f00, (x, self.dm), (y, self.dn), (x * y, self.dmn))
+        per_block = _axpy(self.f00, (y, self.dn), (-1, self.dm), (-y, self.dmn))
+        return _axpy(self.f00, (x, self.dm), (y, self.dn), (x * y, self.dmn), (self.m_blocks - 1, per_block))
 
     def matmul(self, cores: int = 1) -> dict[str, float]:
         """Per-core count: all of A's preparation / cores + the tiles of ceil(nt / cores) N tiles."""
@@ -306,7 +311,7 @@ def extrapolate(plan: KernelPlan, M: int, N: int, K: int, measured: dict[tuple[i
     dn = _sub(tiles(at(0, 1)), f00) if nt > 1 else zero
     dmn = (_sub(_sub(tiles(at(1, 1)), tiles(at(1, 0))), _sub(tiles(at(0, 1)), f00))
            if mt > 1 and nt > 1 else zero)
-    return ShapeCounts(M, N, K, mt, nt, p0, dp, f00, dm, dn, dmn, tuple(samples))
+    return ShapeCounts(M, N, K, mt, nt, p0, dp, f00, dm, dn, dmn, tuple(samples), -(-M // x60.m_block_rows(plan, K)))
 
 
 def _load_cached(path: Path) -> dict[str, dict]:

@@ -7,7 +7,9 @@ Search space (4-bit weights, asymmetric zero points, int8 compute, target ime):
   stage 2 (layout): for the best two stage-1 configs of every shape, every unpack in {planar,
           interleaved}, panel in {TN, 2 TN, 4 TN}, scales in {inline, separate} and scale_type in
           {fp32, fp16} (fp16 halves the scale bytes that DRAM-bound decode streams; with int8
-          compute its rounding is far inside ORT's accuracy_level 4 tolerance).
+          compute its rounding is far inside ORT's accuracy_level 4 tolerance); for 4x8 and 8x8
+          leaders at k_unroll 2 also stage_b = m_block (B unpacked once per M block), every panel
+          and scale type, planar and inline;
 Every candidate is written as DSL text and goes through imegen's own parser and validator
 (ir.specs_from_text); the ones it refuses (register budget, k_unroll vs block, ...) are
 reported with the validator's message and never built. Valid ones are measured (measure.py,
@@ -33,7 +35,7 @@ from .workload import BLOCKS, DECODE_M, PREFILL_M, shapes
 TIE = 0.01  # relative 4-core time difference below which configs count as tied
 
 ORDER = ("op", "bits", "block", "zero_point", "bias", "compute", "target", "vlen", "tile", "k_unroll",
-         "unpack", "panel", "scales", "scale_type")
+         "unpack", "panel", "scales", "scale_type", "stage_b")
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ def config_name(settings: dict[str, object]) -> str:
              str(s["unpack"])[:2], f"p{s['panel']}", str(s["scales"])[:3], f"b{s['block']}"]
     if s.get("scale_type", "fp32") != "fp32":
         parts.append(str(s["scale_type"]))
+    if s.get("stage_b", "tile") != "tile":
+        parts.append("staged")
     if "vlen" in s:
         parts.insert(3, f"v{s['vlen']}")
     return "_".join(parts)
@@ -110,8 +114,11 @@ def stage1(block: int, *, quick: bool = False) -> list[dict[str, object]]:
 def stage2(settings: dict[str, object], *, quick: bool = False) -> list[dict[str, object]]:
     tn = int(str(settings["tile"]).split("x")[1])
     panels = (tn,) if quick else tuple(p for p in (tn, 2 * tn, 4 * tn) if p <= 128)
-    return [{**settings, "unpack": u, "panel": p, "scales": sc, "scale_type": st}
-            for u in ("planar", "interleaved") for p in panels for sc in ("inline", "separate") for st in ("fp32", "fp16")]
+    layouts = [{**settings, "unpack": u, "panel": p, "scales": sc, "scale_type": st}
+               for u in ("planar", "interleaved") for p in panels for sc in ("inline", "separate") for st in ("fp32", "fp16")]
+    if str(settings["tile"]) in ("4x8", "8x8") and settings["k_unroll"] == 2:  # what ir.staged_b_refusal allows
+        layouts += [{**settings, "panel": p, "scale_type": st, "stage_b": "m_block"} for p in panels for st in ("fp32", "fp16")]
+    return layouts
 
 
 def validate(settings: dict[str, object]) -> KernelSpec | SpecError:

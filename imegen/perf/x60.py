@@ -197,7 +197,7 @@ def workspace_bytes(plan: KernelPlan, M: int, K: int) -> int:
     if s.compute == "fp32":
         return mpad * kpad * 4
     qa = -(-(mpad * (kpad + plan.a_tail_pad)) // 64) * 64
-    return qa + mpad * kb * 8
+    return qa + mpad * kb * 8 + staged_bytes(plan, K)
 
 
 @dataclass(frozen=True)
@@ -206,12 +206,22 @@ class Traffic:
     b_passes: int  # times the packed B streams from DRAM: once per M block
 
 
+def staged_bytes(plan: KernelPlan, K: int) -> int:
+    """The workspace's staged B of one N tile (stage_b = m_block; mirrors staged_bytes() of prepare_a_int8.c.j2)."""
+    return -(-K // plan.spec.block) * plan.ime.stage_block_bytes if plan.ime and plan.ime.staged else 0
+
+
+def m_block_rows(plan: KernelPlan, K: int) -> int:
+    """Rows of A per M block (mirrors the kernel's mc): the workspace rows that fit the A budget, which
+    staged kernels share with one N tile's staged B."""
+    tm, staged = plan.spec.tile_m, staged_bytes(plan, K)
+    return max(tm, max(0, plan.a_block_bytes - staged) // ((workspace_bytes(plan, tm, K) - staged) // tm) // tm * tm)
+
+
 def dram_traffic(plan: KernelPlan, M: int, N: int, K: int, p: X60Params = X60) -> Traffic:
-    """DRAM bytes of one matmul call (see the module docstring)."""
-    tm = plan.spec.tile_m
-    mc = max(tm, plan.a_block_bytes // (workspace_bytes(plan, tm, K) // tm) // tm * tm)  # mirrors the kernel's mc
-    passes = -(-M // mc)
-    dram = packed_b_bytes(plan, N, K) * passes + 4 * M * K + workspace_bytes(plan, M, K) + 4 * M * N
+    """DRAM bytes of one matmul call (see the module docstring); a staged B lives in the cache."""
+    passes = -(-M // m_block_rows(plan, K))
+    dram = packed_b_bytes(plan, N, K) * passes + 4 * M * K + workspace_bytes(plan, M, K) - staged_bytes(plan, K) + 4 * M * N
     return Traffic(float(dram), passes)
 
 
