@@ -112,3 +112,15 @@ def test_bench_quick(plugin_so, tmp_path, capsys):
     assert (tmp_path / "bench.png").stat().st_size > 10_000
     assert (tmp_path / "tuned.imegen").read_text().count("kernel qwen_q_o_m") == 2
     specs_from_text((tmp_path / "tuned.imegen").read_text())  # the written spec is valid DSL
+
+
+def test_settings_round_trip_through_the_validator_with_stage_b():
+    """The tuner writes its winners from settings_of(spec): a staged winner must stay staged in
+    tuned.imegen (and in the bench's config labels)."""
+    from imegen.perf.bench import short_config
+
+    for st in tune.stage2({**tune.base_settings(32), "op": "gemm", "tile": "8x8", "k_unroll": 2, "unpack": "planar",
+                           "panel": 8, "scales": "inline"}):
+        spec = tune.validate(st)
+        assert tune.settings_of(spec) == {**st, **({"stage_b": "m_block"} if st.get("stage_b") == "m_block" else {})}
+        assert ("staged" in short_config(spec)) == (spec.stage_b == "m_block")

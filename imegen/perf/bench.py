@@ -108,7 +108,7 @@ def _m(v: float) -> str:
 
 def short_config(spec) -> str:
     s = settings_of(spec)
-    extra = f" v{s['vlen']}" if "vlen" in s else ""
+    extra = (f" v{s['vlen']}" if "vlen" in s else "") + (" staged" if "stage_b" in s else "")
     return f"{s['target']}/{s['compute']} {s['op']} {s['tile']} k{s['k_unroll']} {s['unpack'][:5]} p{s['panel']} {s['scales'][:3]}{extra}"
 
 

@@ -154,6 +154,8 @@ def settings_of(spec: KernelSpec) -> dict[str, object]:
          "panel": spec.panel, "scales": spec.scales, "scale_type": spec.scale_type}
     if spec.target == "rvv":
         d["vlen"] = spec.vlen
+    if spec.stage_b != "tile":
+        d["stage_b"] = spec.stage_b
     return d
 
 
