@@ -218,7 +218,7 @@ def test_staged_b_over_several_m_blocks(settings):
     plan = plan_kernel(spec)
     assert plan.ime.staged and plan.ime.whole_k
     K, tm = 13 * spec.block + 7, spec.tile_m
-    row_bytes = (x60.workspace_bytes(plan, tm, K) - x60.staged_bytes(plan, K)) // tm
+    row_bytes = x60.workspace_bytes(plan, tm, K) // tm
     plan = dataclasses.replace(plan, a_block_bytes=x60.staged_bytes(plan, K) + 2 * tm * row_bytes)
     assert x60.m_block_rows(plan, K) == 2 * tm
     cases = make_cases(plan, np.random.default_rng(12), [(57, 21, K), (8, 16, spec.block)], exact=True)

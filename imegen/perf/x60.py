@@ -188,7 +188,7 @@ def packed_b_bytes(plan: KernelPlan, N: int, K: int) -> int:
 
 
 def workspace_bytes(plan: KernelPlan, M: int, K: int) -> int:
-    """Mirrors workspace_size() of prepare_a_{int8,fp32}.c.j2."""
+    """A's part of workspace_size() (prepare_a_{int8,fp32}.c.j2); a staged B adds staged_bytes after it."""
     s = plan.spec
     kb = -(-K // s.block)
     kpad = kb * s.block
@@ -197,7 +197,7 @@ def workspace_bytes(plan: KernelPlan, M: int, K: int) -> int:
     if s.compute == "fp32":
         return mpad * kpad * 4
     qa = -(-(mpad * (kpad + plan.a_tail_pad)) // 64) * 64
-    return qa + mpad * kb * 8 + staged_bytes(plan, K)
+    return qa + mpad * kb * 8
 
 
 @dataclass(frozen=True)
@@ -215,13 +215,13 @@ def m_block_rows(plan: KernelPlan, K: int) -> int:
     """Rows of A per M block (mirrors the kernel's mc): the workspace rows that fit the A budget, which
     staged kernels share with one N tile's staged B."""
     tm, staged = plan.spec.tile_m, staged_bytes(plan, K)
-    return max(tm, max(0, plan.a_block_bytes - staged) // ((workspace_bytes(plan, tm, K) - staged) // tm) // tm * tm)
+    return max(tm, max(0, plan.a_block_bytes - staged) // (workspace_bytes(plan, tm, K) // tm) // tm * tm)
 
 
 def dram_traffic(plan: KernelPlan, M: int, N: int, K: int, p: X60Params = X60) -> Traffic:
     """DRAM bytes of one matmul call (see the module docstring); a staged B lives in the cache."""
     passes = -(-M // m_block_rows(plan, K))
-    dram = packed_b_bytes(plan, N, K) * passes + 4 * M * K + workspace_bytes(plan, M, K) - staged_bytes(plan, K) + 4 * M * N
+    dram = packed_b_bytes(plan, N, K) * passes + 4 * M * K + workspace_bytes(plan, M, K) + 4 * M * N
     return Traffic(float(dram), passes)
 
 
