@@ -131,7 +131,7 @@ def explain(plan: KernelPlan) -> str:
         a_ws = ("MLAS PerGemmQuantAWorkspace: int8 rows k_blocks*BLK bytes apart, per-block fp32 scale and scale*sum(q)"
                 if plan.blksum else "MLAS Q8 blocks per row: [fp32 scale][BLK x int8]" if s.compute == "int8" else "ORT's fp32 rows")
     else:
-        loops = "N tiles outer, M tiles inner"
+        loops = f"M blocks outer (the A rows {plan.a_block_bytes} B of the L2 hold), then N tiles, M tiles inner"
         if plan.ime and plan.ime.staged:
             loops = (f"M blocks outer, then N tiles, each staged once per M block into the workspace (B - zero points, "
                      f"spread fp32 scales: {plan.ime.stage_block_bytes} B per block), M tiles inner")

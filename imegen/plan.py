@@ -43,6 +43,20 @@ class PackLayout:
     zp_bytes: int  # per (panel, block), 0 when symmetric
     byte: str
     shift: str
+    # Zero points one byte per column, or (IME gemv) two per byte: tile t's byte j holds columns
+    # t*TN + j (low nibble) and t*TN + j + TN/2 (high), the split the fold unpacks with vand/vsrl.
+    zp_nibbles: bool = False
+    zp_tile_n: int = 0  # TN when zp_nibbles
+
+    def zp_byte(self, c: str) -> str:
+        """C expression: the byte of column c's zero point within a chunk's zero points."""
+        if not self.zp_nibbles:
+            return c
+        t, h = self.zp_tile_n, self.zp_tile_n // 2
+        return f"{c} / {t} * {h} + {c} % {h}"
+
+    def zp_shift(self, c: str) -> str:
+        return f"{c} % {self.zp_tile_n} / {self.zp_tile_n // 2} * 4" if self.zp_nibbles else "0"
 
     @property
     def chunk_bytes(self) -> int:
@@ -169,7 +183,9 @@ def _pack_layout(spec: KernelSpec) -> PackLayout:
     np_, blk = spec.panel, spec.block
     stored = spec.scales != "ort"  # abi mlas reads ORT's raw scale/zero-point arrays instead
     scale_bytes = (2 if spec.scale_type == "fp16" else 4) * np_ if stored else 0
-    zp_bytes = -(-np_ // 4) * 4 if stored and spec.zero_point == "asymmetric" else 0  # keep data 4-byte aligned
+    nibbles = zp_nibbles(spec)
+    zp_cols = np_ // 2 if nibbles else np_
+    zp_bytes = -(-zp_cols // 4) * 4 if stored and spec.zero_point == "asymmetric" else 0  # keep data 4-byte aligned
     inline = spec.scales == "inline"
     if spec.target == "ime":
         # 32-byte vmadot B tiles: 4 columns x 8 bytes, column groups of a panel side by side.
@@ -189,7 +205,15 @@ def _pack_layout(spec: KernelSpec) -> PackLayout:
         else:
             byte, shift = f"(kk / 2) * {np_} + c", "(kk % 2) * 4"
     data_bytes = np_ * blk * spec.bits // 8
-    return PackLayout(np_, data_bytes, inline, scale_bytes, zp_bytes, byte, shift)
+    return PackLayout(np_, data_bytes, inline, scale_bytes, zp_bytes, byte, shift, nibbles, spec.tile_n if nibbles else 0)
+
+
+def zp_nibbles(spec: KernelSpec) -> bool:
+    """4-bit IME gemv packs its zero points two per byte, as ORT does (decode is DRAM-bound: at block
+    32 one byte per column and block is 5% of the weight bytes, a nibble 2.7%); its fold unpacks them
+    (see _gemv_fold). Other kernels keep one byte per column: their loops spread zero points per byte."""
+    return (spec.target == "ime" and spec.tile_m == 1 and spec.bits == 4 and spec.zero_point == "asymmetric"
+            and spec.scales != "ort")
 
 
 def _k_pair(spec: KernelSpec) -> tuple[str, str]:
@@ -425,7 +449,7 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
         b_stride=spec.panel * 8,  # a panel's B tiles for one 16-k (4-bit) or 8-k (8-bit) group
         b_walk=iterations * b_groups * spec.panel * 8,
         clobbers=tuple(f"v{r}" for r in range(max(n_regs, _highest_pair_end(fold), _highest_pair_end(tile_start)))),
-        facc_floats=2 * spec.tile_n if gemv else ma * na * 16,
+        facc_floats=spec.tile_n if gemv else ma * na * 16,
         facc_at="j" if gemv else (f"(j / 4 * {ma} + i / 4) * 16 + i % 4 * 4 + j % 4" if by_column
                                   else f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4"),
         vmadots_per_tile_block=(spec.block // 8) * ma * na,
@@ -897,32 +921,45 @@ def _signed_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], free: list[
 
 def _gemv_fold(spec: KernelSpec, row: tuple[int, ...]) -> tuple[AsmOp, ...]:
     """One live row: only lanes 0..3 (row 0, columns 4ni..4ni+3) of each accumulator pair matter.
-    They are stored side by side (the dot scratch behind facc) and folded as one e32 vector of TN
-    lanes (three LMUL-g groups above the accumulators), with the row's scale and sum as scalars:
+    Slides gather them into one e32 group of TN lanes at the first accumulator (VLEN 256: a register
+    holds 8 lanes, two pairs' rows), folded with the row's scale and sum as scalars:
     facc[0..TN) += float(dot - zp * sum_a) * (scale_b * scale_a), or with MLAS block sums
-    facc += float(dot) * (scale_b * scale_a) + blksum_a * blksum_b."""
+    facc += float(dot) * (scale_b * scale_a) + blksum_a * blksum_b. Two LMUL-g groups above the
+    accumulators hold zero points / scales (S) and loads (F)."""
     tn = spec.tile_n
     asym, blksum = spec.zero_point == "asymmetric", spec.zero_point == "blksum"
     g = gemv_fold_lmul(tn)
-    D = -(-2 * len(row) // g) * g
-    S, F = D + g, D + 2 * g  # S: zero points, then scales, then block sums; F: staging, then facc
+    D = row[0]
+    assert row == tuple(range(D, D + 2 * len(row), 2)) and D % g == 0, "gemv accumulators are consecutive pairs"
+    S = -(-(D + 2 * len(row)) // g) * g
+    F = S + g
 
-    def vs(sew: int) -> AsmOp:  # vl = TN; vsetivli takes at most 31, and 32 is VLMAX at these LMULs
-        lmul = _lmul_name(g * sew, 32)
-        return AsmOp("vset", f"vsetivli zero, {tn}, e{sew}, {lmul}, ta, ma" if tn < 32 else f"vsetvli t0, zero, e{sew}, {lmul}, ta, ma")
+    def vs(sew: int, lanes: int = tn) -> AsmOp:  # vsetivli takes at most 31; 32 lanes are VLMAX at these LMULs
+        lmul = _lmul_name(g * sew * lanes // tn, 32)
+        return AsmOp("vset", f"vsetivli zero, {lanes}, e{sew}, {lmul}, ta, ma" if lanes < 32 else f"vsetvli t0, zero, e{sew}, {lmul}, ta, ma")
     ops = [AsmOp("flw", "flw ft0, 0(%[sa])", "A scale"),
-           AsmOp("flw", "flw ft1, 0(%[as])", "A block sum") if blksum else AsmOp("lw", "lw t2, 0(%[as])", "A block sum"),
-           AsmOp("vset", "vsetivli zero, 4, e32, m1, ta, ma")]
+           AsmOp("flw", "flw ft1, 0(%[as])", "A block sum") if blksum else AsmOp("lw", "lw t2, 0(%[as])", "A block sum")]
     if not (asym or blksum):
         ops.append(AsmOp("mul", "mul t2, t2, %[zpc]", "zp * sum_a"))
-    for ni, vd in enumerate(row):
-        ops += [AsmOp("addi", f"addi t1, %[facc], {4 * tn + 16 * ni}"), AsmOp("vse32", f"vse32.v v{vd}, (t1)", f"dots of cols {4 * ni}..{4 * ni + 3}")]
-    ops += [vs(32), AsmOp("addi", f"addi t1, %[facc], {4 * tn}"), AsmOp("vle32", f"vle32.v v{D}, (t1)", "the row's dots")]
-    if asym:
+    if len(row) > 1:
+        ops.append(AsmOp("vset", "vsetivli zero, 8, e32, m1, ta, ma"))
+        for j in range(0, len(row) - 1, 2):
+            ops.append(AsmOp("vslideup", f"vslideup.vi v{row[j]}, v{row[j + 1]}, 4", f"cols {4 * j}..{4 * j + 7}"))
+        for j in range(2, len(row), 2):
+            ops.append(AsmOp("vmv", f"vmv1r.v v{D + j // 2}, v{row[j]}"))
+    if asym and zp_nibbles(spec):
+        h = tn // 2
+        ops += [vs(8, h), AsmOp("vle8", f"vle8.v v{F}, (%[zp])", f"B zero points, two per byte"),
+                AsmOp("vsrl", f"vsrl.vi v{S}, v{F}, 4", f"cols {h}..{tn - 1}"), AsmOp("vand", f"vand.vi v{F}, v{F}, 15", f"cols 0..{h - 1}"),
+                vs(8), AsmOp("vslideup", f"vslideup.vi v{F}, v{S}, {h}"), vs(32),
+                AsmOp("vzext", f"vzext.vf4 v{S}, v{F}"), AsmOp("vnmsac", f"vnmsac.vx v{D}, t2, v{S}", "dot -= zp * sum_a")]
+    elif asym:
         ops += [vs(8), AsmOp("vle8", f"vle8.v v{F}, (%[zp])", "B zero points"), vs(32),
                 AsmOp("vzext", f"vzext.vf4 v{S}, v{F}"), AsmOp("vnmsac", f"vnmsac.vx v{D}, t2, v{S}", "dot -= zp * sum_a")]
-    elif not blksum:
-        ops.append(AsmOp("vsub", f"vsub.vx v{D}, v{D}, t2", "dot -= zp * sum_a"))
+    else:
+        ops.append(vs(32))
+        if not blksum:
+            ops.append(AsmOp("vsub", f"vsub.vx v{D}, v{D}, t2", "dot -= zp * sum_a"))
     ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{D}, v{D}"))
     if spec.scale_type == "fp16":
         ops += [vs(16), AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"),

@@ -232,3 +232,28 @@ def test_staged_b_refuses_what_it_is_not_written_for():
                        ("tile = 1x8  op = gemv", "op gemm"), ("tile = 8x8  bits = 8", "bits 4")):
         with pytest.raises(SpecError, match=what):
             specs_from_text(f"kernel s {{ target = ime  compute = int8  {text}  stage_b = m_block }}")
+
+
+@pytest.mark.parametrize("settings", ["tile = 1x16  panel = 32  k_unroll = 4  scale_type = fp16",
+                                      "tile = 1x8  panel = 8  k_unroll = 2  scales = separate  unpack = interleaved",
+                                      "tile = 1x12  panel = 24  k_unroll = 4  scale_type = fp32"])
+def test_gemv_nibble_zero_points(settings):
+    """4-bit IME gemv packs zero points two per byte (tile t's byte j: columns t*TN + j low, + TN/2
+    high): half the bytes, the second tile of a panel and a partial N tile included; exact reference,
+    both compilers, and a packer that swaps the two nibbles must fail."""
+    spec = specs_from_text(f"kernel nz {{ target = ime  op = gemv  compute = int8  bits = 4  zero_point = asymmetric  {settings} }}")[0]
+    plan = plan_kernel(spec)
+    assert plan.pack.zp_nibbles and plan.pack.zp_bytes == -(-spec.panel // 2 // 4) * 4
+    cases = make_cases(plan, np.random.default_rng(21), [(1, 2 * spec.panel + 5, 3 * spec.block + 9)], exact=True)
+    for compiler in ("clang", "gcc"):
+        [result] = run_cases(build(plan, compiler=compiler), cases, vlen=256)
+        assert compare(plan, cases[0], result, exact=True).ok, compiler
+    from imegen.plan import PackLayout
+
+    class Swapped(PackLayout):
+        def zp_shift(self, c: str) -> str:
+            return f"4 - ({super().zp_shift(c)})"
+
+    swapped = Swapped(**dataclasses.asdict(plan.pack))
+    [bad] = run_cases(build(dataclasses.replace(plan, pack=swapped)), cases, vlen=256)
+    assert not compare(plan, cases[0], bad).ok

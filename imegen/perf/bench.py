@@ -405,7 +405,7 @@ def llama_bar(ax, res: BenchResult, sums: list, width: float, value, M: int) -> 
 def ort_panels(res: BenchResult, axes, colors: dict) -> None:
     """Row 2: stock ORT per Run vs imegen per shape; with a full run, the whole model (decode, prefill)."""
     ax = axes[0]
-    rs = list(res.ort)
+    rs = [r for r in res.ort if r.case.block == ort_rows.BLOCK]
     labels = [f"{r.case.shape} M={r.case.M}" for r in rs]
     xs = range(len(rs))
     series = [("stock ORT, 1 thread", "tab:gray", [r.modeled(1)[0] for r in rs]),
@@ -418,7 +418,7 @@ def ort_panels(res: BenchResult, axes, colors: dict) -> None:
     ax.set_yscale("log")
     ax.set_xticks(list(xs), labels, fontsize=7, rotation=60, ha="right")
     ax.set_ylabel("modeled ms per call (per ORT Run)")
-    ax.set_title(f"Stock ORT {rs[0].stock[1].version.split('+')[0]} riscv64 MatMulNBits\nper Run vs imegen (block 32)")
+    ax.set_title(f"Stock ORT {rs[0].stock[1].version.split('+')[0]} riscv64 MatMulNBits\nper Run vs imegen (block {ort_rows.BLOCK})")
     ax.legend(fontsize=7)
     w = res.whole
     if w is None or len(axes) < 3:

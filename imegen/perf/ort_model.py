@@ -152,7 +152,7 @@ def _node_counts(ort_rows_, kind: str) -> dict[tuple[str, int], dict]:
     out = {}
     for r in ort_rows_:
         nc = r.stock[1] if kind == "stock" else r.imegen_lib
-        if nc is not None:
+        if nc is not None and r.case.block == BLOCK:  # the model's block
             out[(r.case.shape, r.case.M)] = nc.counts
     return out
 

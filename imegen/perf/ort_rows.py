@@ -1,7 +1,7 @@
 """`imegen bench` rows for real riscv64 onnxruntime: stock MatMulNBits per Run, and ORT + imegen's library.
 
-Each Qwen shape (block 32, the bench's M values) becomes a single-node com.microsoft MatMulNBits model:
-seeded random weights quantized by onnxruntime's own quantizer (4-bit, block 32, asymmetric,
+Each Qwen shape (the bench's blocks and M values) becomes a single-node com.microsoft MatMulNBits model:
+seeded random weights quantized by onnxruntime's own quantizer (4-bit, blocks 32/64/128, asymmetric,
 accuracy_level 4: what a user's int4 Qwen export holds), A seeded random. It runs in Debian's riscv64
 ORT 1.23 under QEMU (ort_bench.py: per-Run counts, session creation excluded) with 1 and 4 intra-op
 threads; its output is checked against the NumPy CompInt8 oracle (imegen/reference.py) within ORT's
@@ -30,7 +30,7 @@ from .tune import Case
 BLOCK = 32  # the block a user's int4 export uses; Q4_0's too
 STOCK_THREADS = (1, 4)
 SEED = 1234
-DESCRIBES = ("4-bit, block 32, asymmetric (uint8 zero points), accuracy_level 4, weights quantized by onnxruntime's "
+DESCRIBES = ("4-bit, the bench's blocks, asymmetric (uint8 zero points), accuracy_level 4, weights quantized by onnxruntime's "
              "MatMulNBitsQuantizer; level 4 asks for int8 compute, but Debian's riscv64 build (rv64gc, no RVV) has no "
              "int8 MLAS kernel and computes in fp32: its outputs match the float64 fp32 oracle to ~1e-6")
 
@@ -125,9 +125,9 @@ def modeled_stock(counts: dict, case: Case, threads: int) -> tuple[float, str]:
 
 
 def chosen_cases(cases: list[Case], quick: bool) -> list[Case]:
-    """Block-32 cases; the LM head at M = 1 only (the bench's prefill figures take it at M = 1, and
-    stock ORT's M = 128 LM head would retire ~40 G instructions under QEMU)."""
-    return [c for c in cases if c.block == BLOCK and (c.M == 1 or c.shape != "lm_head")]
+    """Every case but the LM head at M > 1 (the bench's prefill figures take it at M = 1, and stock
+    ORT's M = 128 LM head would retire ~40 G instructions under QEMU, M = 512 ~150 G)."""
+    return [c for c in cases if c.M == 1 or c.shape != "lm_head"]
 
 
 def imegen_specs_for(tuned, case: Case) -> list:
@@ -164,7 +164,7 @@ def rows(cases: list[Case], tuned, *, quick: bool = False, log=None) -> list[Ort
 def table(res, rs: list[OrtRow]) -> str:
     from .bench import format_table
 
-    head = ["shape", "M", "ORT 1t M", "ORT 4t M (sum)", "imegen 1c M", "instr ratio", "ORT 1t ms", "ORT 4t ms",
+    head = ["shape", "M", "block", "ORT 1t M", "ORT 4t M (sum)", "imegen 1c M", "instr ratio", "ORT 1t ms", "ORT 4t ms",
             "imegen 1c ms", "imegen 4c ms", "ratio 1t/1c", "ratio 4t/4c", "ORT+imegen 1t M", "glue M",
             "ORT+imegen 1t ms", "check"]
     body = []
@@ -179,7 +179,7 @@ def table(res, rs: list[OrtRow]) -> str:
             lt = modeled_time(lib.counts, ev.one_core.dram_bytes, 1)[0]
             lib_cells = [f"{x60.total_instructions(lib.counts) / 1e6:.3f}", f"{(x60.total_instructions(lib.counts) - mine) / 1e6:.3f}", f"{lt * 1e3:.4f}"]
         worst = max([s1.worst, s4.worst] + ([lib.worst] if lib else []))
-        body.append([r.case.shape, str(r.case.M), f"{x60.total_instructions(s1.counts) / 1e6:.3f}", f"{x60.total_instructions(s4.counts) / 1e6:.3f}",
+        body.append([r.case.shape, str(r.case.M), str(r.case.block), f"{x60.total_instructions(s1.counts) / 1e6:.3f}", f"{x60.total_instructions(s4.counts) / 1e6:.3f}",
                      f"{mine / 1e6:.3f}", f"{x60.total_instructions(s1.counts) / mine:.1f}x", f"{t1 * 1e3:.4f}", f"{t4 * 1e3:.4f}",
                      f"{ev.one_core.time_s * 1e3:.4f}", f"{ev.four_cores.time_s * 1e3:.4f}",
                      f"{t1 / ev.one_core.time_s:.1f}x", f"{t4 / ev.four_cores.time_s:.1f}x", *lib_cells,
