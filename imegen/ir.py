@@ -203,13 +203,13 @@ def register_budget(spec: KernelSpec) -> dict[str, int]:
             a_regs = ma * spec.k_unroll
         b_regs = na * spec.k_unroll
         # After the k loop the A/B registers are dead and the vector fold (fp32 scaling, zero-point
-        # correction) needs 8 register pairs of its own (gemv: two e32 groups of the row's TN lanes
+        # correction) needs 8 register pairs of its own (gemv: three e32 groups of the row's TN lanes
         # above the accumulators, see plan._gemv_fold): count whichever phase needs more.
         loop = 2 * ma * na + a_regs + b_regs
         in_regs = fp32_acc_in_registers(spec)
         if spec.tile_m == 1:
             g = gemv_fold_lmul(spec.tile_n)
-            fold = -(-2 * na // g) * g + 2 * g - loop
+            fold = -(-2 * na // g) * g + 3 * g - loop
         elif in_regs:
             fold = IME_FOLD_REGS_IN_REGISTERS - a_regs - b_regs
         else:

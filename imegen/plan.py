@@ -48,6 +48,12 @@ class PackLayout:
     zp_nibbles: bool = False
     zp_tile_n: int = 0  # TN when zp_nibbles
 
+    @property
+    def tail_bytes(self) -> int:
+        """Bytes after the last chunk a kernel may read: the gemv fold loads a tile's nibble zero points
+        as TN bytes (at SEW 16, the vl its slides and scales use), TN / 2 of them past its own."""
+        return self.zp_tile_n // 2
+
     def zp_byte(self, c: str) -> str:
         """C expression: the byte of column c's zero point within a chunk's zero points."""
         if not self.zp_nibbles:
@@ -924,47 +930,75 @@ def _gemv_fold(spec: KernelSpec, row: tuple[int, ...]) -> tuple[AsmOp, ...]:
     Slides gather them into one e32 group of TN lanes at the first accumulator (VLEN 256: a register
     holds 8 lanes, two pairs' rows), folded with the row's scale and sum as scalars:
     facc[0..TN) += float(dot - zp * sum_a) * (scale_b * scale_a), or with MLAS block sums
-    facc += float(dot) * (scale_b * scale_a) + blksum_a * blksum_b. Two LMUL-g groups above the
-    accumulators hold zero points / scales (S) and loads (F)."""
+    facc += float(dot) * (scale_b * scale_a) + blksum_a * blksum_b. LMUL-g groups above the
+    accumulators hold scales (S), loads (F) and zero points (X).
+    At TN = 16 and 32, fp16 scales and nibble zero points are handled in one SEW-16 phase, the slides
+    included (8 e16 lanes = 4 e32 ones), so fp16 costs fp32's fold plus the one vfwcvt."""
     tn = spec.tile_n
-    asym, blksum = spec.zero_point == "asymmetric", spec.zero_point == "blksum"
+    asym, blksum, nibbles = spec.zero_point == "asymmetric", spec.zero_point == "blksum", zp_nibbles(spec)
     g = gemv_fold_lmul(tn)
     D = row[0]
     assert row == tuple(range(D, D + 2 * len(row), 2)) and D % g == 0, "gemv accumulators are consecutive pairs"
     S = -(-(D + 2 * len(row)) // g) * g
-    F = S + g
+    F, X = S + g, S + 2 * g
 
     def vs(sew: int, lanes: int = tn) -> AsmOp:  # vsetivli takes at most 31; 32 lanes are VLMAX at these LMULs
         lmul = _lmul_name(g * sew * lanes // tn, 32)
         return AsmOp("vset", f"vsetivli zero, {lanes}, e{sew}, {lmul}, ta, ma" if lanes < 32 else f"vsetvli t0, zero, e{sew}, {lmul}, ta, ma")
+
+    def gather(sew: int) -> list[AsmOp]:
+        shift = 4 * 32 // sew  # lanes of 4 e32 values
+        ops = [AsmOp("vslideup", f"vslideup.vi v{row[j]}, v{row[j + 1]}, {shift}", f"cols {4 * j}..{4 * j + 7}")
+               for j in range(0, len(row) - 1, 2)]
+        return ops + [AsmOp("vmv", f"vmv1r.v v{D + j // 2}, v{row[j]}") for j in range(2, len(row), 2)]
+
+    fp16 = spec.scale_type == "fp16"
     ops = [AsmOp("flw", "flw ft0, 0(%[sa])", "A scale"),
            AsmOp("flw", "flw ft1, 0(%[as])", "A block sum") if blksum else AsmOp("lw", "lw t2, 0(%[as])", "A block sum")]
     if not (asym or blksum):
         ops.append(AsmOp("mul", "mul t2, t2, %[zpc]", "zp * sum_a"))
-    if len(row) > 1:
-        ops.append(AsmOp("vset", "vsetivli zero, 8, e32, m1, ta, ma"))
-        for j in range(0, len(row) - 1, 2):
-            ops.append(AsmOp("vslideup", f"vslideup.vi v{row[j]}, v{row[j + 1]}, 4", f"cols {4 * j}..{4 * j + 7}"))
-        for j in range(2, len(row), 2):
-            ops.append(AsmOp("vmv", f"vmv1r.v v{D + j // 2}, v{row[j]}"))
-    if asym and zp_nibbles(spec):
-        h = tn // 2
-        ops += [vs(8, h), AsmOp("vle8", f"vle8.v v{F}, (%[zp])", f"B zero points, two per byte"),
-                AsmOp("vsrl", f"vsrl.vi v{S}, v{F}, 4", f"cols {h}..{tn - 1}"), AsmOp("vand", f"vand.vi v{F}, v{F}, 15", f"cols 0..{h - 1}"),
-                vs(8), AsmOp("vslideup", f"vslideup.vi v{F}, v{S}, {h}"), vs(32),
-                AsmOp("vzext", f"vzext.vf4 v{S}, v{F}"), AsmOp("vnmsac", f"vnmsac.vx v{D}, t2, v{S}", "dot -= zp * sum_a")]
-    elif asym:
-        ops += [vs(8), AsmOp("vle8", f"vle8.v v{F}, (%[zp])", "B zero points"), vs(32),
-                AsmOp("vzext", f"vzext.vf4 v{S}, v{F}"), AsmOp("vnmsac", f"vnmsac.vx v{D}, t2, v{S}", "dot -= zp * sum_a")]
-    else:
+    zp = None  # the e32 zero points, once widened
+    phase16 = tn in (16, 32) and (fp16 or nibbles)
+    if phase16:
+        ops += [vs(16)] + gather(16)
+        if fp16:
+            ops += [AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"), AsmOp("vfwcvt", f"vfwcvt.f.f.v v{S}, v{F}", "widened to fp32")]
+        if asym:
+            ops.append(AsmOp("vle8", f"vle8.v v{X}, (%[zp])", "B zero points" + (", two per byte" if nibbles else "")))
+        if nibbles:
+            h = tn // 2
+            ops += [AsmOp("vzext", f"vzext.vf2 v{F}, v{X}"), AsmOp("vsrl", f"vsrl.vi v{X}, v{F}, 4", f"cols {h}..{tn - 1}"),
+                    AsmOp("vand", f"vand.vi v{F}, v{F}, 15", f"cols 0..{h - 1}"), AsmOp("vslideup", f"vslideup.vi v{F}, v{X}, {h}")]
         ops.append(vs(32))
-        if not blksum:
-            ops.append(AsmOp("vsub", f"vsub.vx v{D}, v{D}, t2", "dot -= zp * sum_a"))
+        if nibbles:
+            ops.append(AsmOp("vzext", f"vzext.vf2 v{X}, v{F}"))
+            zp = X
+        elif asym:
+            ops.append(AsmOp("vzext", f"vzext.vf4 v{F}, v{X}"))
+            zp = F
+    else:
+        if len(row) > 1:
+            ops += [AsmOp("vset", "vsetivli zero, 8, e32, m1, ta, ma")] + gather(32)
+        if asym and nibbles:
+            h = tn // 2
+            ops += [vs(8, h), AsmOp("vle8", f"vle8.v v{F}, (%[zp])", "B zero points, two per byte"),
+                    AsmOp("vsrl", f"vsrl.vi v{S}, v{F}, 4", f"cols {h}..{tn - 1}"), AsmOp("vand", f"vand.vi v{F}, v{F}, 15", f"cols 0..{h - 1}"),
+                    vs(8), AsmOp("vslideup", f"vslideup.vi v{F}, v{S}, {h}")]
+        elif asym:
+            ops += [vs(8), AsmOp("vle8", f"vle8.v v{F}, (%[zp])", "B zero points")]
+        ops.append(vs(32))
+        if asym:
+            ops.append(AsmOp("vzext", f"vzext.vf4 v{S}, v{F}"))
+            zp = S
+    if asym:
+        ops.append(AsmOp("vnmsac", f"vnmsac.vx v{D}, t2, v{zp}", "dot -= zp * sum_a"))
+    elif not blksum:
+        ops.append(AsmOp("vsub", f"vsub.vx v{D}, v{D}, t2", "dot -= zp * sum_a"))
     ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{D}, v{D}"))
-    if spec.scale_type == "fp16":
+    if fp16 and not phase16:
         ops += [vs(16), AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"),
                 AsmOp("vfwcvt", f"vfwcvt.f.f.v v{S}, v{F}", "widened to fp32"), vs(32)]
-    else:
+    elif not fp16:
         ops.append(AsmOp("vle32", f"vle32.v v{S}, (%[sb])", "B scales"))
     ops += [AsmOp("vfmul", f"vfmul.vf v{S}, v{S}, ft0", "scale_b * scale_a"),
             AsmOp("vle32", f"vle32.v v{F}, (%[facc])"), AsmOp("vfmacc", f"vfmacc.vv v{F}, v{D}, v{S}")]

@@ -236,7 +236,8 @@ def test_staged_b_refuses_what_it_is_not_written_for():
 
 @pytest.mark.parametrize("settings", ["tile = 1x16  panel = 32  k_unroll = 4  scale_type = fp16",
                                       "tile = 1x8  panel = 8  k_unroll = 2  scales = separate  unpack = interleaved",
-                                      "tile = 1x12  panel = 24  k_unroll = 4  scale_type = fp32"])
+                                      "tile = 1x12  panel = 24  k_unroll = 4  scale_type = fp32",
+                                      "tile = 1x16  panel = 16  k_unroll = 4  scales = separate  scale_type = fp32"])
 def test_gemv_nibble_zero_points(settings):
     """4-bit IME gemv packs zero points two per byte (tile t's byte j: columns t*TN + j low, + TN/2
     high): half the bytes, the second tile of a panel and a partial N tile included; exact reference,

@@ -184,7 +184,7 @@ def compulsory_bytes(M: int, N: int, K: int, block: int, bits: int = 4, zero_poi
 
 def packed_b_bytes(plan: KernelPlan, N: int, K: int) -> int:
     L, s = plan.pack, plan.spec
-    return -(-N // L.panel) * -(-K // s.block) * (L.data_bytes + L.scale_bytes + L.zp_bytes)
+    return -(-N // L.panel) * -(-K // s.block) * (L.data_bytes + L.scale_bytes + L.zp_bytes) + L.tail_bytes
 
 
 def workspace_bytes(plan: KernelPlan, M: int, K: int) -> int:
