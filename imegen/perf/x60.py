@@ -184,7 +184,9 @@ def compulsory_bytes(M: int, N: int, K: int, block: int, bits: int = 4, zero_poi
 
 def packed_b_bytes(plan: KernelPlan, N: int, K: int) -> int:
     L, s = plan.pack, plan.spec
-    return -(-N // L.panel) * -(-K // s.block) * (L.data_bytes + L.scale_bytes + L.zp_bytes) + L.tail_bytes
+    # packed_b_size() less the fold's zero-point over-read pad (L.tail_bytes): never streamed, at most
+    # one cache line more per call, it must not decide DRAM-bound ties between layouts.
+    return -(-N // L.panel) * -(-K // s.block) * (L.data_bytes + L.scale_bytes + L.zp_bytes)
 
 
 def workspace_bytes(plan: KernelPlan, M: int, K: int) -> int:
