@@ -271,7 +271,8 @@ def report(res: BenchResult, refused_note: bool = True) -> str:
                   "driven like ime.cpp, see imegen/perf/llama_real.py): instructions MEASURED (millions, one call; "
                   "'4t' = the busiest of 4 threads), times MODELED ('+lat' = the latency sensitivity: +"
                   f"{llama_real.LOAD_USE_EXTRA} cycles per vector load, vmadot latency {llama_real.VMADOT_LATENCY} "
-                  "per dependent step, both ASSUMPTIONS). " + llama_real.DESCRIBES + "; against it the symmetric "
+                  "per dependent step, both ASSUMPTIONS; '1c core ms' = the core-side time on one core with DRAM "
+                  "ignored, i.e. who is ahead where DRAM does not bind). " + llama_real.DESCRIBES + "; against it the symmetric "
                   "fp16-scale twin of imegen's tuned config (same bits, block, scale precision):",
                   llama_real.table(list(res.llama)), "Calibration of the X60 model on llama.cpp's real kernels "
                   "(Qwen2.5-0.5B MatMulNBits only, 4 threads; the published figures are whole-model):",

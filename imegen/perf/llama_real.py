@@ -312,6 +312,13 @@ def dram_bytes(M: int, N: int, K: int, p=None) -> float:
     return w * passes + 4 * M * K + M * (K // 32) * 36 + 4 * M * N
 
 
+def core_s(counts: dict, p=None) -> float:
+    """MODELED core-side time alone (DRAM ignored): who is ahead where DRAM does not bind."""
+    from . import x60
+    p = p or x60.X60
+    return x60.core_cycles(counts, p).cycles / p.clock_hz
+
+
 def modeled_s(counts: dict, M: int, N: int, K: int, p=None) -> tuple[float, float]:
     """(MODELED time, the same with the latency sensitivity): max(core, DRAM) as x60.model does."""
     from . import x60
@@ -359,7 +366,8 @@ def rows(cases, tuned, log=None) -> list[LlamaRow]:
 def table(rs: list[LlamaRow]) -> str:
     from .bench import format_table, short_config
     head = ["shape", "M", "llama 1t M", "imegen sym-fp16 1c M", "ratio", "llama 4t M/core", "llama 1c ms", "+lat",
-            "llama 4c ms", "+lat", "imegen sym 1c ms", "imegen sym 4c ms", "imegen config"]
+            "llama 4c ms", "+lat", "imegen sym 1c ms", "imegen sym 4c ms", "1c core ms: llama", "imegen sym",
+            "imegen config"]
     body = []
     for r in rs:
         t = r.times()
@@ -369,8 +377,9 @@ def table(rs: list[LlamaRow]) -> str:
                      f"{x60.total_instructions(r.four) / 1e6:.3f}", f"{t['1'][0] * 1e3:.4f}", f"{t['1'][1] * 1e3:.4f}",
                      f"{t['4'][0] * 1e3:.4f}", f"{t['4'][1] * 1e3:.4f}",
                      f"{i.one_core.time_s * 1e3:.4f}" if i else "-", f"{i.four_cores.time_s * 1e3:.4f}" if i else "-",
+                     f"{core_s(r.one) * 1e3:.4f}", f"{i.one_core.core_s * 1e3:.4f}" if i else "-",
                      short_config(i.spec) if i else "refused"])
-    return format_table(head, body, right=set(range(1, 12)))
+    return format_table(head, body, right=set(range(1, 14)))
 
 
 def per_token_s(rs: list[LlamaRow], M: int) -> tuple[float, float] | None:

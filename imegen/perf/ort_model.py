@@ -19,7 +19,10 @@ MatMulNBits share: the sum of the single-node per-Run counts of the model's MatM
 total; attention, norms, rotary embedding, residual adds and ORT's executor are the rest.
 ORT + imegen: the same models rewritten (imegen.ort.rewrite) to imegen's library holding the tuned
 decode (M = 1) and prefill (M = 128) kernels of the q/o shape; its logits must agree with stock
-ORT's within ORT's level-4 tolerance (the check is cached with the counts).
+ORT's within ORT's level-4 tolerance (the check is cached with the counts). Its prefill is counted
+like stock's (at 1 and 2 layers: ~60 M trapped vmadots, ~25 min under QEMU uncached); the composed
+estimate, stock's prefill with the model's MatMulNBits single-node counts replaced by ORT+imegen's,
+is printed next to it as a check.
 MODELED time: max(core, DRAM) as for the single-node rows; DRAM bytes = every MatMulNBits' weights
 (ORT's format for stock, the imegen kernel's packed format for imegen) + their A and C + the KV cache.
 """
