@@ -323,11 +323,11 @@ def modeled_s(counts: dict, M: int, N: int, K: int, p=None) -> tuple[float, floa
     """(MODELED time, the same with the latency sensitivity): max(core, DRAM) as x60.model does."""
     from . import x60
     p = p or x60.X60
-    core = x60.core_cycles(counts, p).cycles
+    core = core_s(counts, p)
     cls = x60.class_totals(counts)
     stall = cls["vload"] * LOAD_USE_EXTRA + cls["vmadot"] / 8 * (VMADOT_LATENCY - 1)  # 8 vmadot per chain step
     dram = dram_bytes(M, N, K, p) / p.dram_effective
-    return max(core / p.clock_hz, dram), max((core + stall) / p.clock_hz, dram)
+    return max(core, dram), max(core + stall / p.clock_hz, dram)
 
 
 @dataclass(frozen=True)
