@@ -140,7 +140,7 @@ def emulator_ranges(library: Path, base: int) -> list[tuple[int, int, str]]:
 def ranges_for(maps: list[Mapping], exe: Path, custom: Path | None) -> list[tuple[int, int, str]]:
     """Plugin ranges (first match wins): emulator and runner excluded, ORT (+ custom lib) kernel, the rest image."""
     exe_path, custom_path = str(exe.resolve()), str(custom.resolve()) if custom else None
-    bases = {m.path: m.lo for m in sorted(maps, key=lambda m: m.lo) if m.offset == 0 and m.path not in ()}
+    bases = {m.path: m.lo for m in sorted(maps, key=lambda m: m.lo) if m.offset == 0}
     first, kernel, image = [], [], []
     for m in maps:
         if "x" not in m.perms:
