@@ -131,9 +131,9 @@ def explain(plan: KernelPlan) -> str:
         a_ws = ("MLAS PerGemmQuantAWorkspace: int8 rows k_blocks*BLK bytes apart, per-block fp32 scale and scale*sum(q)"
                 if plan.blksum else "MLAS Q8 blocks per row: [fp32 scale][BLK x int8]" if s.compute == "int8" else "ORT's fp32 rows")
     else:
-        loops = f"M blocks outer (the A rows {plan.a_block_bytes} B of the L2 hold), then N tiles, M tiles inner"
+        loops = f"K chunks outer (1-4 per call, as few DRAM bytes as B passes and C round trips allow), M blocks (the A rows {plan.a_block_bytes} B of the L2 hold), then N tiles, M tiles inner"
         if plan.ime and plan.ime.staged:
-            loops = (f"M blocks outer, then N tiles, each staged once per M block into the workspace (B - zero points, "
+            loops = (f"K chunks, M blocks, then N tiles, each staged once per M block into the workspace (B - zero points, "
                      f"spread fp32 scales: {plan.ime.stage_block_bytes} B per block), M tiles inner")
         a_ws = f"{'int8, per-block scale and sum' if s.compute == 'int8' else 'fp32 copy'}; A[m][k] at {plan.a_index}"
     lines = [f"kernel {plan.name}", f"  config      {s.describe()}",

@@ -155,6 +155,7 @@ class KernelPlan:
     ime: ImePlan | None
     budget: dict
     a_block_bytes: int = A_BLOCK_BYTES
+    forced_k_chunks: int = 0  # 0: each call picks its K chunks (k_chunks()); n: always n (counting runs)
 
     @property
     def name(self) -> str:

@@ -258,3 +258,36 @@ def test_gemv_nibble_zero_points(settings):
     swapped = Swapped(**dataclasses.asdict(plan.pack))
     [bad] = run_cases(build(dataclasses.replace(plan, pack=swapped)), cases, vlen=256)
     assert not compare(plan, cases[0], bad).ok
+
+
+@pytest.mark.parametrize("settings", [
+    "target = ime  tile = 8x8  k_unroll = 2  panel = 16  zero_point = asymmetric  block = 32",  # accumulators in registers
+    "target = ime  tile = 8x16  k_unroll = 2  panel = 16  scale_type = fp16  bias = yes  block = 64",  # in memory
+    "target = ime  tile = 8x8  k_unroll = 2  panel = 16  stage_b = m_block  zero_point = asymmetric  block = 32",
+    "target = ime  op = gemv  tile = 1x16  k_unroll = 4  panel = 16  zero_point = asymmetric  block = 32",
+    "target = rvv  tile = 2x16  k_unroll = 2  panel = 16  bias = yes  block = 32",
+    "target = rvv  compute = fp32  tile = 4x16  k_unroll = 2  panel = 16  zero_point = asymmetric  block = 64",
+    "target = scalar  tile = 4x4  k_unroll = 2  panel = 4  bias = yes  block = 32",
+])
+def test_k_chunks(settings):
+    """A call may split K into chunks (the first stores C, the later ones add to it) so that an M
+    block holds more rows and B streams fewer times. With the A budget cut to one tile of rows over
+    the whole K, M = 40 splits K in the call's own choice (x60.k_chunks mirrors it) over several M
+    blocks; forced to 3 chunks, small M split too; partial tiles and K block; exact reference."""
+    from imegen.perf import x60
+
+    text = settings if "compute" in settings else f"compute = int8  {settings}"
+    spec = specs_from_text(f"kernel kc {{ bits = 4  {text} }}")[0]
+    plan = plan_kernel(spec)
+    K, tm = 13 * spec.block + 7, spec.tile_m
+    plan = dataclasses.replace(plan, a_block_bytes=x60.staged_bytes(plan, K) + x60.workspace_bytes(plan, tm, K))
+    M, N = (40, 21) if tm > 1 else (1, 21)
+    if tm > 1:
+        assert x60.k_chunks(plan, M, N, K) > 1 and x60.dram_traffic(plan, M, N, K).b_passes > 1
+    forced = dataclasses.replace(plan, forced_k_chunks=3)
+    rng = np.random.default_rng(31)
+    for p, shapes in ((plan, [(M, N, K)]), (forced, [(tm + 1, N, K), (1, 5, 2 * spec.block + 3)])):
+        cases = make_cases(p, rng, shapes, exact=True)
+        for compiler in ("clang",) if spec.target == "rvv" else ("clang", "gcc"):  # GCC 12: no riscv_vector.h
+            for case, result in zip(cases, run_cases(build(p, compiler=compiler), cases, vlen=256)):
+                assert compare(p, case, result, exact=True).ok, (compiler, case.M, case.N, case.K)

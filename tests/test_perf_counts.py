@@ -138,8 +138,9 @@ def test_extrapolated_counts_equal_a_direct_run(plugin_so, name):
 def test_extrapolation_counts_every_m_block(plugin_so):
     """The reduced runs lie in one M block; what each further block costs besides its tiles (its N loop
     and, with stage_b = m_block, the staging of every N tile) is added once per block. Here the A budget
-    holds two M tiles of rows, so M = 40 runs three blocks; the extrapolation must match a direct run
-    up to the call's own entry code (counted once per block: about 130 instructions)."""
+    holds two M tiles of rows, so M = 40 runs three blocks (K unsplit: a split would give each M block
+    more rows, see the next test); the extrapolation must match a direct run up to the call's own entry
+    code (counted once per block: about 130 instructions)."""
     import dataclasses
 
     from imegen.perf import x60
@@ -149,7 +150,7 @@ def test_extrapolation_counts_every_m_block(plugin_so):
     plan = plan_kernel(spec)
     M, N, K = 40, 21, 13 * 32 + 7
     row_bytes = x60.workspace_bytes(plan, 8, K) // 8
-    plan = dataclasses.replace(plan, a_block_bytes=x60.staged_bytes(plan, K) + 2 * 8 * row_bytes)
+    plan = dataclasses.replace(plan, a_block_bytes=x60.staged_bytes(plan, K) + 2 * 8 * row_bytes, forced_k_chunks=1)
     (sc,) = measure.measure_shapes(plan, [(M, N, K)], use_cache=False)
     assert sc.m_blocks == 3
     (direct,) = measure.run_cases(measure.build_bench(plan), [(M, N, K)])
@@ -158,6 +159,34 @@ def test_extrapolation_counts_every_m_block(plugin_so):
     assert abs(kernel(got) - kernel(direct.matmul)) <= 2 * 200
     assert kernel(direct.matmul) - kernel(one_block) > 4 * 2 * 200  # the per-block part is real: without it, far off
     assert direct.emulated_vmadots == got["kernel.vmadot"]
+
+
+@NEEDS_TOOLS
+@pytest.mark.parametrize("stage", ["", "stage_b = m_block"])
+def test_extrapolation_counts_k_chunks(plugin_so, stage):
+    """A call that splits K (x60.k_chunks, mirroring the kernel's choice) is sampled by a build forced
+    to the same chunks, since its small samples would not split: with the A budget cut to one M tile
+    over the whole K, M = 40 splits K in two over several M blocks, and the extrapolation must match
+    a direct run up to the per-block entry code, while the same call unsplit costs visibly less."""
+    import dataclasses
+
+    from imegen.perf import x60
+
+    spec = specs_from_text("kernel kc { target = ime  compute = int8  bits = 4  block = 32  zero_point = asymmetric "
+                           f"op = gemm  tile = 8x8  k_unroll = 2  panel = 16  {stage} }}")[0]
+    plan = plan_kernel(spec)
+    M, N, K = 40, 21, 13 * 32 + 7
+    plan = dataclasses.replace(plan, a_block_bytes=x60.staged_bytes(plan, K) + x60.workspace_bytes(plan, 8, K))
+    assert x60.k_chunks(plan, M, N, K) == 2
+    (sc,) = measure.measure_shapes(plan, [(M, N, K)], use_cache=False)
+    assert sc.m_blocks > 1
+    (direct,) = measure.run_cases(measure.build_bench(plan), [(M, N, K)])
+    (unsplit,) = measure.run_cases(measure.build_bench(dataclasses.replace(plan, forced_k_chunks=1)), [(M, N, K)])
+    kernel = lambda c: sum(v for k, v in c.items() if k.startswith("kernel.") and k.count(".") == 1)  # noqa: E731
+    assert abs(kernel(sc.matmul(1)) - kernel(direct.matmul)) <= 2 * 200
+    assert direct.emulated_vmadots == sc.matmul(1)["kernel.vmadot"] == unsplit.emulated_vmadots
+    if not stage:  # the later chunk's tiles add to C through memory: a cost the samples must contain
+        assert kernel(direct.matmul) - kernel(unsplit.matmul) > 4 * 2 * 200
 
 
 def test_per_core_split():

@@ -28,7 +28,7 @@ import math
 import re
 import struct
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import product
 from pathlib import Path
 
@@ -272,7 +272,7 @@ class ShapeCounts:
     dn: dict[str, int]
     dmn: dict[str, int]
     samples: tuple[tuple[int, int, int], ...] = field(default=())
-    m_blocks: int = 1  # M blocks of the full shape (x60.m_block_rows); the samples lie in one
+    m_blocks: int = 1  # M blocks per K chunk of the full shape (x60.m_block_rows); the samples lie in one
 
     def prep(self) -> dict[str, float]:
         return _axpy(self.p0, (self.mt - 1, self.dp))
@@ -311,7 +311,8 @@ def extrapolate(plan: KernelPlan, M: int, N: int, K: int, measured: dict[tuple[i
     dn = _sub(tiles(at(0, 1)), f00) if nt > 1 else zero
     dmn = (_sub(_sub(tiles(at(1, 1)), tiles(at(1, 0))), _sub(tiles(at(0, 1)), f00))
            if mt > 1 and nt > 1 else zero)
-    return ShapeCounts(M, N, K, mt, nt, p0, dp, f00, dm, dn, dmn, tuple(samples), -(-M // x60.m_block_rows(plan, K)))
+    rows = x60.m_block_rows(plan, x60.chunk_k(plan, K, x60.k_chunks(plan, M, N, K)))
+    return ShapeCounts(M, N, K, mt, nt, p0, dp, f00, dm, dn, dmn, tuple(samples), -(-M // rows))
 
 
 def _load_cached(path: Path) -> dict[str, dict]:
@@ -328,6 +329,20 @@ def measure_shapes(plan: KernelPlan, shapes: list[tuple[int, int, int]], *, comp
     Counts are cached next to the bench executable (whose directory is keyed by its build
     inputs), in a file keyed by counts_inputs(), so a rerun reproduces them without QEMU.
     """
+    # A shape whose call splits K is sampled by a build forced to the same K chunks: its small samples
+    # would not split on their own.
+    chunks = {shape: x60.k_chunks(plan, *shape) for shape in shapes}
+    out = {}
+    for q in sorted(set(chunks.values())):
+        mine = [shape for shape in shapes if chunks[shape] == q]
+        built = plan if q == 1 or plan.forced_k_chunks else replace(plan, forced_k_chunks=q)
+        measured = _measure_samples(built, mine, compiler, use_cache)
+        out.update({(M, N, K): extrapolate(built, M, N, K, measured) for M, N, K in mine})
+    return [out[shape] for shape in shapes]
+
+
+def _measure_samples(plan: KernelPlan, shapes: list[tuple[int, int, int]], compiler: str,
+                     use_cache: bool) -> dict[tuple[int, int, int], CaseCounts]:
     needed = list(dict.fromkeys(s for M, N, K in shapes for s in sample_shapes(plan, M, N, K)))
     b = build_bench(plan, compiler=compiler)
     cache_file = b.exe.parent / f"counts-{counts_inputs().key()}.json"
@@ -341,7 +356,7 @@ def measure_shapes(plan: KernelPlan, shapes: list[tuple[int, int, int]], *, comp
     for s in needed:
         c = cached["x".join(map(str, s))]
         measured[s] = CaseCounts(*s, c["prep"], c["matmul"], c["emulated"])
-    return [extrapolate(plan, M, N, K, measured) for M, N, K in shapes]
+    return measured
 
 
 def counts_inputs() -> cache.Inputs:

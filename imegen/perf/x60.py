@@ -34,9 +34,10 @@ vector issue, vector LSU, VIEU, VFP and IME. Dependencies, latencies, branch mis
 cache-miss stalls are NOT modeled, so core time is optimistic for code with long dependency
 chains. Kernel time = max(core time, DRAM time): transfers overlap computation perfectly.
 
-DRAM traffic of one matmul call (abi_imegen.c.j2's loop order: M blocks whose workspace rows fit
-3/4 of the L2 (plan.A_BLOCK_BYTES), then N tiles, then M tiles): the packed B once per M block; A (fp32) read once; the A
-workspace written once and re-read from L2; C written once. L1/L2 bandwidth is not modeled.
+DRAM traffic of one matmul call (abi_imegen.c.j2's loop order: K chunks (k_chunks), M blocks whose
+workspace rows over a chunk's K fit 3/4 of the L2 (plan.A_BLOCK_BYTES), then N tiles, then M tiles):
+the packed B once per M block; A (fp32) read once; the A workspace written once and re-read from L2;
+C written once, and re-read and rewritten once per further K chunk. L1/L2 bandwidth is not modeled.
 
 Roofline: max(2MNK / IME peak of the cores used, compulsory bytes / 5.24 GB/s), compulsory
 bytes = the weights in the most compact format imegen or ONNX Runtime stores (int4 codes, fp16
@@ -205,7 +206,7 @@ def workspace_bytes(plan: KernelPlan, M: int, K: int) -> int:
 @dataclass(frozen=True)
 class Traffic:
     dram: float  # bytes between DRAM and the chip
-    b_passes: int  # times the packed B streams from DRAM: once per M block
+    b_passes: int  # times the packed B streams from DRAM: once per M block (of any K chunk)
 
 
 def staged_bytes(plan: KernelPlan, K: int) -> int:
@@ -220,10 +221,31 @@ def m_block_rows(plan: KernelPlan, K: int) -> int:
     return max(tm, max(0, plan.a_block_bytes - staged) // (workspace_bytes(plan, tm, K) // tm) // tm * tm)
 
 
+def chunk_k(plan: KernelPlan, K: int, chunks: int) -> int:
+    """The K extent of the longest of `chunks` K chunks (whole blocks), as the kernel sizes its M blocks."""
+    kb = -(-K // plan.spec.block)
+    return -(-kb // chunks) * plan.spec.block
+
+
+def k_chunks(plan: KernelPlan, M: int, N: int, K: int) -> int:
+    """The K chunks a call runs (mirrors k_chunks() of abi_imegen.c.j2): of 1..4, the count whose B
+    passes plus the C round trips of the further chunks move the fewest bytes; MLAS's entry points
+    take one K range."""
+    if plan.spec.abi != "imegen":
+        return 1
+    if plan.forced_k_chunks:
+        return min(plan.forced_k_chunks, -(-K // plan.spec.block))
+    kb, b = -(-K // plan.spec.block), packed_b_bytes(plan, N, K)
+    costs = [(-(-M // m_block_rows(plan, chunk_k(plan, K, q))) * b + (2 * q - 1) * M * N * 4, q)
+             for q in range(1, min(4, kb) + 1)]
+    return min(costs)[1]
+
+
 def dram_traffic(plan: KernelPlan, M: int, N: int, K: int, p: X60Params = X60) -> Traffic:
     """DRAM bytes of one matmul call (see the module docstring); a staged B lives in the cache."""
-    passes = -(-M // m_block_rows(plan, K))
-    dram = packed_b_bytes(plan, N, K) * passes + 4 * M * K + workspace_bytes(plan, M, K) + 4 * M * N
+    q = k_chunks(plan, M, N, K)
+    passes = -(-M // m_block_rows(plan, chunk_k(plan, K, q)))
+    dram = packed_b_bytes(plan, N, K) * passes + 4 * M * K + workspace_bytes(plan, M, K) + 4 * M * N * (2 * q - 1)
     return Traffic(float(dram), passes)
 
 
