@@ -312,18 +312,11 @@ def dram_bytes(M: int, N: int, K: int, p=None) -> float:
     return w * passes + 4 * M * K + M * (K // 32) * 36 + 4 * M * N
 
 
-def core_s(counts: dict, p=None) -> float:
-    """MODELED core-side time alone (DRAM ignored): who is ahead where DRAM does not bind."""
-    from . import x60
-    p = p or x60.X60
-    return x60.core_cycles(counts, p).cycles / p.clock_hz
-
-
 def modeled_s(counts: dict, M: int, N: int, K: int, p=None) -> tuple[float, float]:
     """(MODELED time, the same with the latency sensitivity): max(core, DRAM) as x60.model does."""
     from . import x60
     p = p or x60.X60
-    core = core_s(counts, p)
+    core = x60.core_seconds(counts, p)
     cls = x60.class_totals(counts)
     stall = cls["vload"] * LOAD_USE_EXTRA + cls["vmadot"] / 8 * (VMADOT_LATENCY - 1)  # 8 vmadot per chain step
     dram = dram_bytes(M, N, K, p) / p.dram_effective
@@ -377,7 +370,7 @@ def table(rs: list[LlamaRow]) -> str:
                      f"{x60.total_instructions(r.four) / 1e6:.3f}", f"{t['1'][0] * 1e3:.4f}", f"{t['1'][1] * 1e3:.4f}",
                      f"{t['4'][0] * 1e3:.4f}", f"{t['4'][1] * 1e3:.4f}",
                      f"{i.one_core.time_s * 1e3:.4f}" if i else "-", f"{i.four_cores.time_s * 1e3:.4f}" if i else "-",
-                     f"{core_s(r.one) * 1e3:.4f}", f"{i.one_core.core_s * 1e3:.4f}" if i else "-",
+                     f"{x60.core_seconds(r.one) * 1e3:.4f}", f"{i.one_core.core_s * 1e3:.4f}" if i else "-",
                      short_config(i.spec) if i else "refused"])
     return format_table(head, body, right=set(range(1, 14)))
 

@@ -115,7 +115,7 @@ def stock_dram_bytes(case: Case) -> int:
 
 def modeled_time(counts: dict, dram_bytes: float, cores: int, p: x60.X60Params = x60.X60) -> tuple[float, str]:
     """(MODELED seconds, bound): the counts split evenly over `cores`, max(core time, DRAM time)."""
-    core_s = x60.core_cycles({k: v / cores for k, v in counts.items()}, p).cycles / p.clock_hz
+    core_s = x60.core_seconds({k: v / cores for k, v in counts.items()}, p)
     dram_s = dram_bytes / p.dram_effective
     return (dram_s, "dram") if dram_s >= core_s else (core_s, "core")
 

@@ -284,6 +284,11 @@ def roofline(M: int, N: int, K: int, block: int, cores: int, p: X60Params = X60,
     return (compute, "compute") if compute >= memory else (memory, "memory")
 
 
+def core_seconds(counts: dict[str, float], p: X60Params = X60) -> float:
+    """MODELED core-side time of one core's counts alone (DRAM ignored)."""
+    return core_cycles(counts, p).cycles / p.clock_hz
+
+
 def model(plan: KernelPlan, M: int, N: int, K: int, per_core_counts: dict[str, float], cores: int = 1,
           p: X60Params = X60) -> Modeled:
     """Model one matmul call from the per-core instruction counts (measure.ShapeCounts.matmul)."""
