@@ -104,7 +104,6 @@ class ImePlan:
     acc_zero: tuple[AsmOp, ...] = ()  # per block: the int32 accumulators = 0, one vmv per LMUL-8 group
     direct_store: bool = False  # whole tiles are stored to C by the asm (tile_end), edge tiles via facc
     index16: tuple[int, ...] = ()  # the e16 index tables of _paired_column_fold, when it is used
-    row_step: int = 0  # its scalar step of the row table
     unrolled: bool = False  # few iterations per block: the body is repeated, no loop counter or branch
     entry_vset: bool = True  # the body relies on entering at e8, m1 (else it sets vtype itself first)
     # stage_b = m_block (_staged_ime_plan): `stage` is the asm that writes an N tile's staged B (every
@@ -337,18 +336,29 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     # Before the loop: the tile's zero points spread over the unpacked B layout (byte 8c+j of a
     # 4-column B tile is column c), so that `B - zp` is one vsub per register and vmadot runs signed.
     prologue: list[AsmOp] = []
+    # Paired runs of a tile of at most 8 columns in imegen's packed B: one stride-0 load reads the tile's
+    # TN zero-point bytes twice, so the spread covers raw + low runs without a copy. The load's element is
+    # TN bytes: matmul refuses a packed B that is not 8-byte aligned, and every chunk part is a multiple of it.
+    L = _pack_layout(spec)
+    twice = (paired_b and zpb is not None and spec.tile_n in (4, 8) and spec.scales != "ort"
+             and all(n % spec.tile_n == 0 for n in (L.data_bytes, L.scale_bytes, L.zp_bytes)))
     if zpb is not None:
         raw, idx = b_reg[0][0], b_lo[0][0]
-        vl = f"vsetivli zero, {spec.tile_n}, e8, m1, ta, ma" if spec.tile_n < 32 else "vsetvli t0, zero, e8, m1, ta, ma"
-        prologue += [AsmOp("vset", vl), AsmOp("vle8", f"vle8.v v{raw}, (%[zp])", "B zero points of the tile's columns")]
+        if twice:
+            prologue += [AsmOp("vset", f"vsetivli zero, 2, e{8 * spec.tile_n}, m1, ta, ma"),
+                         AsmOp("vlse", f"vlse{8 * spec.tile_n}.v v{raw}, (%[zp]), zero", "B zero points of the tile's columns, twice")]
+        else:
+            vl = f"vsetivli zero, {spec.tile_n}, e8, m1, ta, ma" if spec.tile_n < 32 else "vsetvli t0, zero, e8, m1, ta, ma"
+            prologue += [AsmOp("vset", vl), AsmOp("vle8", f"vle8.v v{raw}, (%[zp])", "B zero points of the tile's columns")]
     if paired_b and zpb is not None and not (grouped(zpb, na) or na == 1):
         paired_b = False  # (cannot happen: the run is aligned to 2 na)
     if zpb is not None and grouped(zpb, na) or (zpb is not None and na == 1):
         # Column c's zero point fills bytes 8c..8c+7 of the run: zero-extend each to 64 bits, times 0x0101..01.
-        vl64 = f"vsetivli zero, {spec.tile_n}, e64, m{na}, ta, ma" if spec.tile_n < 32 else f"vsetvli t0, zero, e64, m{na}, ta, ma"
+        lanes, m = (2 * spec.tile_n, 2 * na) if twice else (spec.tile_n, na)
+        vl64 = f"vsetivli zero, {lanes}, e64, m{m}, ta, ma" if lanes < 32 else f"vsetvli t0, zero, e64, m{m}, ta, ma"
         prologue += [AsmOp("vset", vl64), AsmOp("vzext", f"vzext.vf8 v{zpb}, v{raw}", "one column per 64-bit lane"),
                      AsmOp("vmul", f"vmul.vx v{zpb}, v{zpb}, %[rep]", "zero point in all 8 bytes of its column")]
-        if paired_b:
+        if paired_b and not twice:
             prologue.append(AsmOp("vmv", f"vmv{na}r.v v{zpb + na}, v{zpb}", "again, next to itself: one vsub per raw + low run"))
     elif zpb is not None:
         prologue.append(AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma"))
@@ -461,7 +471,7 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
                                   else f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4"),
         vmadots_per_tile_block=(spec.block // 8) * ma * na,
         facc_regs=facc, direct_store=direct_store, tile_start=tile_start, block_end=block_end, tile_end=tile_end,
-        index16=PAIRED_FOLD_INDEX if any("%[idx16]" in op.text for op in tile_start) else (), row_step=ROW_STEP,
+        index16=PAIRED_FOLD_INDEX if any("%[idx16]" in op.text for op in tile_start) else (),
         acc_zero=_acc_zero(2 * ma * na, on_vfp=not gemv), unrolled=unrolled, entry_vset=not _sets_vtype_first(ops),
     )
 
@@ -716,18 +726,21 @@ def _tile_b_scales(spec: KernelSpec, vt: "_Vtype", n: int, dst: int, staging: in
 
 
 def _fold_prologue(spec: KernelSpec, ops: list[AsmOp], vt: "_Vtype", ma: int, na: int, n: int, b_dst: int,
-                   b_staging: int, a_dst: int, lmul: tuple[str, str], where: tuple[str, str] = ("", "")) -> None:
+                   b_staging: int, a_dst: int, lmul: tuple[str, str], where: tuple[str, str] = ("", ""),
+                   a_rows: int | None = None) -> None:
     """Appends the start of a grouped fold: every accumulator to fp32 (one vfcvt per LMUL-8 group), the
-    tile's n B scales into v`b_dst` (_tile_b_scales) and its 4ma A scales into v`a_dst` by one strided
-    load; that load keeps the B scales' vtype when 4ma = n (at SEW 16 a vlse32's EMUL doubles, still
-    the register group a_dst is). where: comment suffixes for the B and A scales' lanes."""
+    tile's n B scales into v`b_dst` (_tile_b_scales) and the A scales of its first `a_rows` rows (all
+    4ma by default) into v`a_dst` by one strided load; that load keeps the B scales' vtype when
+    a_rows = n (at SEW 16 a vlse32's EMUL doubles, still the register group a_dst is). where: comment
+    suffixes for the B and A scales' lanes."""
+    rows = a_rows or 4 * ma
     for first, g in acc_groups(2 * ma * na):
         vt(None, "e32", f"m{g}")
         ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
     ops += _tile_b_scales(spec, vt, n, b_dst, b_staging, lmul, where[0])
-    if 4 * ma != n:
-        vt(4 * ma, "e32", lmul[1])
-    ops.append(AsmOp("vlse32", f"vlse32.v v{a_dst}, (%[sa]), %[sas]", f"A scales, rows 0..{4 * ma - 1}{where[1]}"))
+    if rows != n:
+        vt(rows, "e32", lmul[1])
+    ops.append(AsmOp("vlse32", f"vlse32.v v{a_dst}, (%[sa]), %[sas]", f"A scales, rows 0..{rows - 1}{where[1]}"))
 
 
 class _Vtype:
@@ -833,7 +846,6 @@ def _column_pair_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tup
 # e16 index tables of _paired_column_fold (32 lanes each): lane -> row r of its 4x4 tile, and lane ->
 # the B scale (lanes 16.. of the scale group) of column tile lane / 16, column q.
 PAIRED_FOLD_INDEX = tuple((lane % 16) // 4 for lane in range(32)) + tuple(16 + 4 * (lane // 16) + lane % 4 for lane in range(32))
-ROW_STEP = 4 | 4 << 16  # + 4 to both e16 indices of an e32 lane: the next row tile's scales
 
 
 def _paired_column_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc: tuple[tuple[int, ...], ...],
@@ -841,10 +853,10 @@ def _paired_column_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc
     """The fold of two-column-tile (TN = 8) kernels with the fp32 accumulators in registers, on
     LMUL-4 groups: row tile mi's two accumulator pairs (and fp32 pairs) lie side by side, so
     facc[mi] += float(dot[mi]) * (A scales of mi spread twice) * (B scales of both column tiles)
-    is one vfmul and one vfmacc. The A scales (lanes 0..) and B scales (lanes 16..23) share one
-    group S, spread by vrgatherei16 with the tables kept at v`tables` (PAIRED_FOLD_INDEX); the row
-    table steps by ROW_STEP in place per row tile and back at the end. None when the tile's
-    registers do not fit this form."""
+    is one vfmul and one vfmacc. The B scales (lanes 16..23) and each row tile's 4 A scales (lanes
+    0..3, one strided load per row tile: the same row table serves every row tile) share one group S,
+    spread by vrgatherei16 with the tables kept at v`tables` (PAIRED_FOLD_INDEX). None when the
+    tile's registers do not fit this form."""
     ma, na = len(acc), len(acc[0])
     taken = {r for row in (*acc, *facc) for p in row for r in (p, p + 1)} | set(range(tables, tables + 4))
     groups = [g for g in range(0, 32, 4) if not taken & set(range(g, g + 4))]
@@ -854,20 +866,18 @@ def _paired_column_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc
     T_ROW, T_COL = tables, tables + 2
     ops: list[AsmOp] = []
     vt = _Vtype(ops)
-    _fold_prologue(spec, ops, vt, ma, na, 8, S + 2, SA, S, ("mf2", "m1"), (", lanes 16..23", ", lanes 0.."))
+    _fold_prologue(spec, ops, vt, ma, na, 8, S + 2, SA, S, ("mf2", "m1"), (", lanes 16..23", ", lanes 0..3"), a_rows=4)
     vt(None, "e32", "m4")
     ops.append(AsmOp("vrgather", f"vrgatherei16.vv v{SB}, v{S}, v{T_COL}", "B scales spread over both column tiles"))
     for mi in range(ma):
-        if mi:  # on the row table's 2 registers only (half the integer-unit beats of LMUL 4)
-            vt(16, "e32", "m2")
-            ops.append(AsmOp("vadd", f"vadd.vx v{T_ROW}, v{T_ROW}, %[rowstep]", "row table -> next row tile"))
+        if mi:  # this row tile's A scales over the last one's lanes 0..3 (B's lanes are spread already)
+            vt(4, "e32", "m1")
+            ops += [AsmOp("add", f"add t1, {'%[sa]' if mi == 1 else 't1'}, %[sa4]"),
+                    AsmOp("vlse32", f"vlse32.v v{S}, (t1), %[sas]", f"A scales, rows {4 * mi}..{4 * mi + 3}, lanes 0..3")]
             vt(None, "e32", "m4")
         ops += [AsmOp("vrgather", f"vrgatherei16.vv v{SA}, v{S}, v{T_ROW}", f"A scales of rows {4 * mi}..{4 * mi + 3}, twice"),
                 AsmOp("vfmul", f"vfmul.vv v{SA}, v{SA}, v{SB}", "scale_a * scale_b"),
                 AsmOp("vfmacc", f"vfmacc.vv v{facc[mi][0]}, v{acc[mi][0]}, v{SA}", f"row tile {mi}, both column tiles")]
-    if ma > 1:
-        vt(16, "e32", "m2")
-        ops.append(AsmOp("vsub", f"vsub.vx v{T_ROW}, v{T_ROW}, %[rowstep]", "row table back"))
     return tuple(ops)
 
 

@@ -22,7 +22,7 @@ kernel i_int8_bias { target = ime  compute = int8  tile = 4x8  bias = yes  zero_
 OK, ERR_ARG = 0, 2
 # One line per call in hostile_args.c, in order.
 EXPECTED = ["1", "1", "1", "1",  # size functions
-            str(OK), *[str(ERR_ARG)] * 10, str(OK), str(OK), f"{OK} 1", f"{OK} {OK} 1"]
+            str(OK), *[str(ERR_ARG)] * 11, str(OK), str(OK), f"{OK} 1", f"{OK} {OK} 1"]
 
 
 def _build(tmp_path, name, host):

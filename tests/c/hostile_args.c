@@ -40,6 +40,7 @@ int main(void) {
     printf("%d\n", P(matmul)(M0, SIZE_MAX / 2, K0, a, K0, pb, bs, c, N0, ws));   /* N huge */
     printf("%d\n", P(matmul)(M0, N0, K0, NULL, K0, pb, bs, c, N0, ws));          /* NULL A */
     printf("%d\n", P(matmul)(M0, N0, K0, a, K0, NULL, bs, c, N0, ws));           /* NULL B */
+    printf("%d\n", P(matmul)(M0, N0, K0, a, K0, (char *)pb + 4, bs, c, N0, ws)); /* B not 8-byte aligned */
     printf("%d\n", P(matmul)(M0, N0, K0, a, K0, pb, bs, NULL, N0, ws));          /* NULL C */
     printf("%d\n", P(matmul)(M0, N0, K0, a, K0, pb, bs, c, N0, NULL));           /* NULL workspace */
     printf("%d\n", P(matmul)(M0, N0, K0, a, K0 - 1, pb, bs, c, N0, ws));         /* lda < K */
