@@ -65,7 +65,8 @@ def make_cases(plan: KernelPlan, rng: np.random.Generator, shapes, *, exact: boo
             A = rng.standard_normal((M, K)).astype(np.float32)
             qw = ref.quantize_weights(rng.standard_normal((K, N)).astype(np.float32), s.bits, s.block, sym)
             bias = rng.uniform(1, 5, N).astype(np.float32) if s.bias else None  # ORT's bias range
-        cases.append(Case(A, qw, bias, lda_pad=i % 3, ldc_pad=(i + 1) % 3))
+        # every third case with several columns runs as column slices on one prepared A (matmul_prepared)
+        cases.append(Case(A, qw, bias, lda_pad=i % 3, ldc_pad=(i + 1) % 3, slices=2 + i % 2 if i % 3 == 2 and N > 1 else 1))
     return cases
 
 

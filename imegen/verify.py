@@ -30,6 +30,13 @@ class Case:
     bias: np.ndarray | None = None  # float32 [N]
     lda_pad: int = 0  # extra floats per A row / C row: catches stride bugs
     ldc_pad: int = 0
+    slices: int = 1  # > 1: B's columns in this many slices, each packed alone, run by matmul_prepared on one prepared A
+
+    def slice_widths(self) -> list[int]:
+        """Columns of each slice (the driver's cut: ceil(N / slices) each, the last the rest)."""
+        N = self.qw.N
+        w = -(-N // self.slices)
+        return [min(w, N - n0) for n0 in range(0, N, w)]
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -108,7 +115,7 @@ def _encode(plan: KernelPlan, cases: list[Case]) -> bytes:
             raise ValueError(f"case bias does not match the kernel's bias = {'yes' if s.bias else 'no'}")
         A = np.zeros((M, lda), np.float32)
         A[:, :K] = c.A
-        parts += [struct.pack("<5Q", M, N, K, lda, ldc), A.tobytes(), c.qw.data.tobytes(), c.qw.scales.astype(np.float32).tobytes()]
+        parts += [struct.pack("<6Q", M, N, K, lda, ldc, c.slices), A.tobytes(), c.qw.data.tobytes(), c.qw.scales.astype(np.float32).tobytes()]
         if c.qw.zero_points is not None:
             parts.append(c.qw.zero_points.tobytes())
         if c.bias is not None:
@@ -165,7 +172,7 @@ def compare(plan: KernelPlan, case: Case, result: Result, *, exact: bool = False
     M, N, K = case.shape
     if result.status != 0:
         return Comparison(False, np.inf, np.inf, f"kernel returned status {result.status}")
-    want_vmadots = expected_vmadots(plan, M, N, K)
+    want_vmadots = sum(expected_vmadots(plan, M, n, K) for n in case.slice_widths())
     if check_vmadots and result.vmadots != want_vmadots:
         return Comparison(False, np.inf, np.inf, f"executed {result.vmadots} vmadot, expected {want_vmadots}")
     Y, bound = oracle(plan, case)

@@ -18,11 +18,13 @@ kernel s_int8_bias { target = scalar  compute = int8  tile = 4x4  bias = yes  ze
 kernel s_fp32_sym  { target = scalar  compute = fp32  tile = 4x4  zero_point = symmetric }
 kernel r_fp32      { target = rvv  compute = fp32  tile = 4x16 }
 kernel i_int8_bias { target = ime  compute = int8  tile = 4x8  bias = yes  zero_point = asymmetric }
+kernel i_staged    { target = ime  compute = int8  tile = 8x8  stage_b = m_block  zero_point = asymmetric }
 """
 OK, ERR_ARG = 0, 2
 # One line per call in hostile_args.c, in order.
 EXPECTED = ["1", "1", "1", "1",  # size functions
-            str(OK), *[str(ERR_ARG)] * 11, str(OK), str(OK), f"{OK} 1", f"{OK} {OK} 1"]
+            str(OK), *[str(ERR_ARG)] * 11, str(OK), str(OK), f"{OK} 1", f"{OK} {OK} 1",
+            f"{OK} 1", *[str(ERR_ARG)] * 3, "1", "1"]  # matmul_prepared
 
 
 def _build(tmp_path, name, host):
@@ -52,7 +54,7 @@ def test_scalar_entry_points_under_sanitizers(tmp_path, name):
     assert b"runtime error" not in proc.stderr and b"AddressSanitizer" not in proc.stderr
 
 
-@pytest.mark.parametrize("name", ["r_fp32", "i_int8_bias"])
+@pytest.mark.parametrize("name", ["r_fp32", "i_int8_bias", "i_staged"])
 def test_vector_entry_points_return_the_same_codes(tmp_path, name):
     proc = toolchain.run(_build(tmp_path, name, host=False))
     assert proc.stdout.decode().splitlines() == EXPECTED

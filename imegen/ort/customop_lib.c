@@ -5,7 +5,8 @@
  * creation each node is matched to the kernel table (bits, block size, accuracy level -> compute type,
  * zero points, bias) and B/scales/zero points, which must be constant initializers, are packed once per
  * kernel; nodes nothing serves, or kernels the hart cannot run (VLEN), fail the session with a message
- * naming the node. Runs split A's rows over ORT's intra-op pool (KernelContext_ParallelFor).
+ * naming the node. B is packed in SLICES column slices; a Run quantizes A once and runs the slices on ORT's
+ * intra-op pool (KernelContext_ParallelFor), each streaming only its own columns of B.
  * IMEGEN_IME_EMULATION (the QEMU flavour, never the hardware build) links the SIGILL IME emulator. */
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,6 +23,8 @@
 #define IMEGEN_DOMAIN "ai.imegen"
 #endif
 #define MAX_KERNELS 256
+/* Column slices of a node's B: one per IME core of a K1 (cores 0-3), the threads ORT should run there. */
+#define SLICES 4
 
 enum { IN_A, IN_B, IN_SCALES, IN_ZP, IN_GIDX, IN_BIAS, N_INPUTS };
 
@@ -34,16 +37,18 @@ struct node {
     size_t N, K;
     int has_bias;
     const struct imegen_kernel_entry *gemv, *gemm; /* M = 1 and M > 1 (the same one if only one serves) */
-    void *packed_gemv, *packed_gemm;
+    size_t slices, width;                           /* column slices of B: width columns each, the last the rest */
+    void *packed_gemv[SLICES], *packed_gemm[SLICES]; /* each slice packed on its own */
 };
 
-struct rows_job {
+struct slices_job {
     const struct node *node;
     const struct imegen_kernel_entry *k;
-    const void *packed;
-    const float *A, *bias;
+    void *const *packed;
+    const void *workspace; /* A, quantized once per Run; the slices only read it */
+    const float *bias;
     float *C;
-    size_t M, rows;
+    size_t M;
     int status;
 };
 
@@ -134,6 +139,8 @@ static OrtStatus *check_hart(const struct node *n, const struct imegen_kernel_en
                 n->name, k->name, k->vlen);
 }
 
+/* B's column slices, each packed on its own: ORT's B, scales and zero points are [N][...] arrays, so a slice's
+ * columns are one contiguous run of each. */
 static OrtStatus *pack(const struct node *n, const struct imegen_kernel_entry *k, const uint8_t *b,
                        const float *scales, const uint8_t *zp, void **out) {
     TRY(check_hart(n, k));
@@ -141,19 +148,28 @@ static OrtStatus *pack(const struct node *n, const struct imegen_kernel_entry *k
     static int installed;
     if (!strcmp(k->target, "ime") && !__atomic_exchange_n(&installed, 1, __ATOMIC_SEQ_CST)) imegen_ime_emu_install();
 #endif
-    *out = malloc(k->packed_b_size(n->N, n->K) + 1);
-    if (!*out) return fail(ORT_FAIL, "imegen: node '%s': out of memory packing B", n->name);
-    k->pack_b(n->N, n->K, b, scales, zp, *out);
+    const size_t kb = (n->K + (size_t)k->block - 1) / (size_t)k->block, blob = (size_t)(k->block * k->bits / 8);
+    const size_t zstride = (kb * (size_t)k->bits + 7) / 8;
+    for (size_t i = 0; i < n->slices; i++) {
+        const size_t n0 = i * n->width, cols = n->N - n0 < n->width ? n->N - n0 : n->width;
+        out[i] = malloc(k->packed_b_size(cols, n->K) + 1); /* malloc's alignment: packed B must be 8-byte aligned */
+        if (!out[i]) return fail(ORT_FAIL, "imegen: node '%s': out of memory packing B", n->name);
+        k->pack_b(cols, n->K, b + n0 * kb * blob, scales + n0 * kb, zp ? zp + n0 * zstride : NULL, out[i]);
+    }
     return NULL;
 }
 
 static void destroy(void *p) {
     struct node *n = p;
     if (!n) return;
-    if (n->packed_gemm != n->packed_gemv) free(n->packed_gemm);
-    free(n->packed_gemv);
+    for (size_t i = 0; i < SLICES; i++) {
+        if (n->packed_gemm[i] != n->packed_gemv[i]) free(n->packed_gemm[i]);
+        free(n->packed_gemv[i]);
+    }
     free(n);
 }
+
+static size_t gcd(size_t a, size_t b) { return b ? gcd(b, a % b) : a; }
 
 static OrtStatus *create(const OrtKernelInfo *info, struct node *n) {
     size_t size = sizeof n->name, count = 0;
@@ -189,9 +205,13 @@ static OrtStatus *create(const OrtKernelInfo *info, struct node *n) {
     if (asym)
         TRY(constant(info, n, IN_ZP, "zero_points (uint8)", ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8,
                      n->N * ((k_blocks * (size_t)bits + 7) / 8), &zp));
-    TRY(pack(n, n->gemv, b, scales, zp, &n->packed_gemv));
-    if (n->gemm == n->gemv) n->packed_gemm = n->packed_gemv;
-    else TRY(pack(n, n->gemm, b, scales, zp, &n->packed_gemm));
+    /* Slices of whole panels of both kernels (no padding inside a row of slices), at most SLICES of them. */
+    const size_t pv = (size_t)n->gemv->panel, pm = (size_t)n->gemm->panel, unit = pv / gcd(pv, pm) * pm;
+    n->width = ((n->N + SLICES - 1) / SLICES + unit - 1) / unit * unit;
+    n->slices = (n->N + n->width - 1) / n->width;
+    TRY(pack(n, n->gemv, b, scales, zp, n->packed_gemv));
+    if (n->gemm == n->gemv) memcpy(n->packed_gemm, n->packed_gemv, sizeof n->packed_gemm);
+    else TRY(pack(n, n->gemm, b, scales, zp, n->packed_gemm));
     return NULL;
 }
 
@@ -209,19 +229,20 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
     return NULL;
 }
 
-static void run_rows(void *p, size_t chunk) {
-    struct rows_job *j = p;
-    const size_t m0 = chunk * j->rows, K = j->node->K, N = j->node->N;
-    const size_t rows = j->M - m0 < j->rows ? j->M - m0 : j->rows;
-    void *ws = malloc(j->k->workspace_size(rows, K) + 1);
-    if (!ws) {
+static void run_slice(void *p, size_t i) {
+    struct slices_job *j = p;
+    const struct node *n = j->node;
+    const size_t n0 = i * n->width, cols = n->N - n0 < n->width ? n->N - n0 : n->width;
+    const size_t scratch_bytes = j->k->scratch_size(n->K);
+    void *scratch = scratch_bytes ? malloc(scratch_bytes) : NULL; /* a staged B: its own per slice */
+    if (scratch_bytes && !scratch) {
         __atomic_store_n(&j->status, -1, __ATOMIC_RELAXED);
         return;
     }
-    /* matmul quantizes A into ws itself: a prepare_a call here did it twice per Run */
-    const int status = j->k->matmul(rows, N, K, j->A + m0 * K, K, j->packed, j->bias, j->C + m0 * N, N, ws);
+    const int status = j->k->matmul_prepared(j->M, cols, n->K, j->packed[i], j->bias ? j->bias + n0 : NULL, j->C + n0,
+                                             n->N, j->workspace, scratch);
     if (status) __atomic_store_n(&j->status, status, __ATOMIC_RELAXED);
-    free(ws);
+    free(scratch);
 }
 
 static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
@@ -258,21 +279,25 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
     OrtValue *c_value;
     TRY(ort->KernelContext_GetOutput(ctx, 0, dims, rank, &c_value));
     if (M == 0) return NULL;
-    struct rows_job j = {n, M == 1 ? n->gemv : n->gemm, M == 1 ? n->packed_gemv : n->packed_gemm, NULL, NULL, NULL,
-                         M, 0, 0};
+    const struct imegen_kernel_entry *k = M == 1 ? n->gemv : n->gemm;
+    struct slices_job j = {n, k, M == 1 ? n->packed_gemv : n->packed_gemm, NULL, NULL, NULL, M, 0};
     const void *a, *bias = NULL;
     void *c;
     TRY(tensor_data(a_value, &a));
     if (bias_value) TRY(tensor_data(bias_value, &bias));
     TRY(ort->GetTensorMutableData(c_value, &c));
-    j.A = a, j.bias = bias, j.C = c;
-    /* At most 8 row chunks, each a multiple of the kernel's tile height (whole tiles per thread). */
-    const size_t tm = (size_t)j.k->tile_m, per = (M + 7) / 8;
-    j.rows = (per + tm - 1) / tm * tm;
-    const size_t chunks = (M + j.rows - 1) / j.rows;
-    __atomic_fetch_add(&calls[j.k - imegen_kernels], 1, __ATOMIC_RELAXED);
-    if (chunks == 1) run_rows(&j, 0);
-    else TRY(ort->KernelContext_ParallelFor(ctx, run_rows, chunks, 0, &j));
+    const size_t ws_bytes = k->workspace_size(M, n->K); /* 0: M over IMEGEN_MAX_DIM */
+    if (!ws_bytes) return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': A has %zu rows, more than imegen's kernels take",
+                               n->name, M);
+    void *ws = malloc(ws_bytes);
+    if (!ws) return fail(ORT_FAIL, "imegen: node '%s': out of memory for the workspace (M = %zu)", n->name, M);
+    k->prepare_a(M, n->K, a, n->K, ws); /* A quantized once; every slice reads it */
+    j.workspace = ws, j.bias = bias, j.C = c;
+    __atomic_fetch_add(&calls[k - imegen_kernels], 1, __ATOMIC_RELAXED);
+    if (n->slices == 1) run_slice(&j, 0);
+    else st = ort->KernelContext_ParallelFor(ctx, run_slice, n->slices, 0, &j);
+    free(ws);
+    if (st) return st;
     if (j.status)
         return fail(ORT_FAIL, "imegen: node '%s': kernel %s failed (status %d%s)", n->name, j.k->name, j.status,
                     j.status == 1 ? ": VLEN not accepted on this hart" : j.status < 0 ? ": out of memory" : "");

@@ -10,7 +10,7 @@ struct imegen_kernel_entry {
     const char *target; /* ime | rvv | scalar */
     int vlen;           /* VLEN the kernel needs (ime: exactly 256, rvv: at least this), 0 for scalar */
     int gemv;           /* 1: decode kernel (preferred at M = 1), 0: gemm */
-    int bits, block, int8_compute, asymmetric, bias, tile_m;
+    int bits, block, int8_compute, asymmetric, bias, tile_m, panel;
     int (*supported)(void);
     size_t (*packed_b_size)(size_t N, size_t K);
     void (*pack_b)(size_t N, size_t K, const uint8_t *b, const float *scales, const uint8_t *zp, void *packed);
@@ -18,6 +18,9 @@ struct imegen_kernel_entry {
     void (*prepare_a)(size_t M, size_t K, const float *A, size_t lda, void *workspace);
     int (*matmul)(size_t M, size_t N, size_t K, const float *A, size_t lda, const void *packed_b, const float *bias,
                   float *C, size_t ldc, void *workspace);
+    size_t (*scratch_size)(size_t K);
+    int (*matmul_prepared)(size_t M, size_t N, size_t K, const void *packed_b, const float *bias, float *C, size_t ldc,
+                           const void *workspace, void *scratch);
 };
 
 extern const struct imegen_kernel_entry imegen_kernels[];

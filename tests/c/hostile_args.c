@@ -62,6 +62,18 @@ int main(void) {
     P(pack_b)(N0, K0, b, scales, NULL, pb);
     int s2 = P(matmul)(M0, N0, K0, a, K0, pb, bs, c2, N0, ws);
     printf("%d %d %d\n", s1, s2, memcmp(c1, c2, sizeof c1) == 0);
+    /* matmul_prepared: the workspace prepare_a filled, read only; the same result as matmul */
+    static float c3[M0 * N0];
+    void *scratch = malloc(P(scratch_size)(K0) + 1);
+    P(prepare_a)(M0, K0, a, K0, ws);
+    int s3 = P(matmul_prepared)(M0, N0, K0, pb, bs, c3, N0, ws, scratch);
+    printf("%d %d\n", s3, memcmp(c2, c3, sizeof c3) == 0);
+    printf("%d\n", P(matmul_prepared)(M0, N0, K0, (char *)pb + 4, bs, c3, N0, ws, scratch)); /* B not aligned */
+    printf("%d\n", P(matmul_prepared)(M0, N0, K0, pb, bs, c3, N0, NULL, scratch));            /* NULL workspace */
+    printf("%d\n", P(matmul_prepared)(M0, N0, K0, pb, bs, NULL, N0, ws, scratch));            /* NULL C */
+    printf("%d\n", P(scratch_size)(SIZE_MAX / 2) == 0 || P(scratch_size)(K0) == 0);           /* never wraps */
+    printf("%d\n", P(matmul_prepared)(M0, N0, K0, pb, bs, c3, N0, ws, NULL) == (P(scratch_size)(K0) ? 2 : 0)); /* NULL scratch */
+    free(scratch);
     free(pb);
     free(ws);
     return 0;
