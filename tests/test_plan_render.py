@@ -402,3 +402,25 @@ def test_object_contains_exactly_the_planned_vmadot_words(tmp_path, kernel):
     assert set(vmadots) == set(expected), "object vmadots differ from the plan"
     assert set(unknown) <= set(expected), f"unexpected unknown words: {[hex(w) for w in set(unknown) - set(expected)]}"
     assert len(set(vmadots.values())) == 1  # the asm body appears whole (once, or copied whole)
+
+
+def _vector_ops(ops) -> int:
+    """Vector-unit instructions among asm ops (vmadot words included, vsetvl excluded)."""
+    return sum(1 for op in ops if op.text.startswith(".word") or (op.text.startswith("v") and not op.text.startswith("vset")))
+
+
+@pytest.mark.parametrize("scale_type, budget", [("fp32", 25), ("fp16", 26)])
+def test_8x8_block_costs_at_most_its_vector_budget(scale_type, budget):
+    """The prefill workhorse (8x8, k_unroll 2, 4-bit asymmetric, block 32): besides its 16 vmadot, one
+    (tile, block) issues acc zeroing 1 + zero-point spread 3 (stride-0 load, vzext, vmul; no copy) + 2 loop
+    iterations of 5 (A, B loads, vand, vsrl, vsub) + the fold 11 (vfcvt, B and 2 per-row-tile A scale loads,
+    3 vrgatherei16, 2 vfmul, 2 vfmacc); fp16 scales add their vfwcvt. The X60 issues one vector
+    instruction a cycle, so these counts set the modeled prefill time."""
+    spec = specs_from_text(kernel_text({"op": "gemm", "bits": 4, "block": 32, "zero_point": "asymmetric", "compute": "int8",
+                                        "target": "ime", "tile": "8x8", "k_unroll": 2, "scale_type": scale_type}))[0]
+    ime = plan_kernel(spec).ime
+    assert ime.whole_k and ime.unrolled
+    per_block = (*ime.acc_zero, *ime.prologue, *ime.body * ime.iterations_per_block, *ime.fold)
+    vmadots = sum(1 for op in per_block if op.kind == "vmadot")
+    assert vmadots == ime.vmadots_per_tile_block == 16
+    assert _vector_ops(per_block) - vmadots == budget
