@@ -59,6 +59,19 @@ def test_dram_traffic_streams_b_once_per_m_block():
     assert big.dram == 2 * x60.packed_b_bytes(plan, 896, 896) + 4 * 512 * 896 + ws + 4 * 512 * 896
 
 
+def test_least_dram_is_a_floor_of_the_kernels_schedule():
+    """least_dram gives A the whole L2 and any number of K chunks: never more than the kernel's own schedule
+    moves, equal where one M block already holds A, and at Qwen's down projection with M = 512 (K = 4864)
+    above the 1.5 x roofline bytes the issue asks for (B must stream several times, or C be re-read)."""
+    (plan,) = [plan_kernel(s) for s in specs_from_text("kernel a { compute = int8 target = ime tile = 8x8 zero_point = asymmetric }")]
+    for M, N, K in [(128, 896, 896), (512, 4864, 896), (128, 896, 4864), (512, 896, 4864), (512, 151936, 896)]:
+        assert x60.least_dram(plan, M, N, K) <= x60.dram_traffic(plan, M, N, K).dram
+    assert x60.least_dram(plan, 128, 896, 896) == x60.dram_traffic(plan, 128, 896, 896).dram
+    floor = x60.least_dram(plan, 512, 896, 4864)
+    assert floor < x60.dram_traffic(plan, 512, 896, 4864).dram
+    assert floor > 1.5 * x60.compulsory_bytes(512, 896, 4864, 32)
+
+
 def test_modeled_time_is_max_of_core_and_dram():
     (plan,) = [plan_kernel(s) for s in specs_from_text("kernel a { compute = int8 target = ime tile = 1x16 op = gemv zero_point = asymmetric }")]
     m = x60.model(plan, 1, 896, 896, {"kernel.int": 2_000_000}, cores=1)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import ir
+from ..plan import plan_kernel
 from . import llama_real, ort_model, ort_rows, tune, x60
 from .measure import METHOD
 from .tune import Case, Evaluation, settings_of, validate
@@ -232,6 +234,43 @@ def summary_text(res: BenchResult, p: x60.X60Params = x60.X60) -> str:
     return "\n".join(lines)
 
 
+PREFILL_GOAL = 1.5  # issue 10: prefill (M 128 and 512, every shape but k/v) within 1.5x of the roofline on 4 cores
+
+
+def prefill_goal_text(res: BenchResult, p: x60.X60Params = x60.X60) -> str:
+    """How many prefill cells the tuned kernels bring within PREFILL_GOAL x of the roofline, and for each
+    other one what binds, its load per vmadot (or its DRAM bytes) against what the goal allows, and a
+    floor: the VLS cycles the tile's A and B operand loads (and fp32 accumulator round trips) alone
+    take per vmadot, or the fewest DRAM bytes any schedule of the kernel's kind moves (x60.least_dram)."""
+    cells = [r for r in res.rows if r.kind == "imegen" and r.case.M in PREFILL_M and r.case.shape != "k/v"]
+    if not cells:
+        return ""
+    over = [r for r in cells if r.ev.four_cores.efficiency > PREFILL_GOAL]
+    lines = [f"Prefill within {PREFILL_GOAL}x of the roofline (M {', '.join(map(str, PREFILL_M))}, every shape but k/v, "
+             f"4 cores, MODELED): {len(cells) - len(over)} of {len(cells)} cells."]
+    for r in over:
+        m, c, s = r.ev.four_cores, r.case, r.ev.spec
+        plan = plan_kernel(s)
+        where = f"  {c.shape} M {c.M} block {c.block} ({m.efficiency:.2f}x, {short_config(s)}): "
+        dram_allowed, floor = PREFILL_GOAL * m.roofline_s * p.dram_effective, x60.least_dram(plan, *c.mnk, p)
+        dram = (f"DRAM {m.dram_bytes / 1e6:.1f} MB where {PREFILL_GOAL}x allows {dram_allowed / 1e6:.1f} MB, and no schedule "
+                f"of its kind moves fewer than {floor / 1e6:.1f} MB (any K chunks, A's M blocks in the whole L2)")
+        if m.bound == "dram":
+            lines.append(where + "DRAM-bound: " + dram)
+            continue
+        vm = m.core.ime * p.vmadot_per_cycle  # vmadots per core
+        allowed = PREFILL_GOAL * m.roofline_s * p.clock_hz / vm
+        tm, tn = s.tile_m, s.tile_n
+        vmadots = tm // 4 * (tn // 4) * s.block // 8
+        b_bytes = tn * s.block * (8 if s.stage_b != "tile" else s.bits) // 8  # a staged B is int8
+        operand = (tm * s.block + b_bytes + (0 if ir.fp32_acc_in_registers(s) else 2 * 4 * tm * tn)) / (p.dlen // 8)
+        busy = getattr(m.core, m.bound)
+        lines.append(where + f"{m.bound.replace('_', ' ')} {busy / vm:.2f} cycles per vmadot (VLS {m.core.vls / vm:.2f}) "
+                     f"where {PREFILL_GOAL}x allows {allowed:.2f}; the {tm}x{tn} tile's operand loads alone take "
+                     f"{operand / vmadots:.2f} VLS cycles per vmadot" + ("; " + dram if floor > dram_allowed else ""))
+    return "\n".join(lines)
+
+
 def model_text(p: x60.X60Params = x60.X60) -> str:
     return (f"MODEL (imegen/perf/x60.py; modeled, not measured): X60 at {p.clock_hz / 1e9:.1f} GHz, VLEN {p.vlen}, "
             f"DLEN {p.dlen}, in-order dual issue, 1 vmadot/cycle/core ({p.peak_ops_per_core / 1e9:.0f} int8 GOPS/core), "
@@ -283,6 +322,9 @@ def report(res: BenchResult, refused_note: bool = True) -> str:
         parts += ["", ort_model.method_text(res.whole),
                   "Whole model, instructions MEASURED (extrapolated in layers), times MODELED:",
                   ort_model.table(res.whole, llama_real.calibration(list(res.llama)) if res.llama else "")]
+    goal = prefill_goal_text(res)
+    if goal:
+        parts += ["", goal]
     parts += ["", summary_text(res)]
     if refused_note:
         parts += ["", f"Tuner: {res.tuned.evaluated} configs measured, {len(res.tuned.refused)} refused by the "

@@ -47,7 +47,7 @@ time: 1.00 is ideal.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..plan import KernelPlan
 
@@ -235,18 +235,28 @@ def k_chunks(plan: KernelPlan, M: int, N: int, K: int) -> int:
         return 1
     if plan.forced_k_chunks:
         return min(plan.forced_k_chunks, -(-K // plan.spec.block))
-    kb, b = -(-K // plan.spec.block), packed_b_bytes(plan, N, K)
-    costs = [(-(-M // m_block_rows(plan, chunk_k(plan, K, q))) * b + (2 * q - 1) * M * N * 4, q)
-             for q in range(1, min(4, kb) + 1)]
-    return min(costs)[1]
+    kb = -(-K // plan.spec.block)
+    return min((_traffic(plan, M, N, K, q).dram, q) for q in range(1, min(4, kb) + 1))[1]
+
+
+def _traffic(plan: KernelPlan, M: int, N: int, K: int, q: int) -> Traffic:
+    """DRAM bytes of one call in q K chunks: B once per M block, A (fp32) read and its workspace written
+    once, C written once and re-read and rewritten once per further chunk."""
+    passes = -(-M // m_block_rows(plan, chunk_k(plan, K, q)))
+    dram = packed_b_bytes(plan, N, K) * passes + 4 * M * K + workspace_bytes(plan, M, K) + 4 * M * N * (2 * q - 1)
+    return Traffic(float(dram), passes)
 
 
 def dram_traffic(plan: KernelPlan, M: int, N: int, K: int, p: X60Params = X60) -> Traffic:
     """DRAM bytes of one matmul call (see the module docstring); a staged B lives in the cache."""
-    q = k_chunks(plan, M, N, K)
-    passes = -(-M // m_block_rows(plan, chunk_k(plan, K, q)))
-    dram = packed_b_bytes(plan, N, K) * passes + 4 * M * K + workspace_bytes(plan, M, K) + 4 * M * N * (2 * q - 1)
-    return Traffic(float(dram), passes)
+    return _traffic(plan, M, N, K, k_chunks(plan, M, N, K))
+
+
+def least_dram(plan: KernelPlan, M: int, N: int, K: int, p: X60Params = X60) -> float:
+    """The fewest DRAM bytes any schedule of the kernel's kind moves (K chunks, M blocks, then N tiles):
+    any number of K chunks, A's M blocks given the whole L2 (not 3/4 of it). A floor for a DRAM-bound call."""
+    whole = replace(plan, a_block_bytes=p.l2_bytes, forced_k_chunks=0)
+    return min(_traffic(whole, M, N, K, q).dram for q in range(1, -(-K // plan.spec.block) + 1))
 
 
 # ---------------------------------------------------------------------------------------------
