@@ -346,7 +346,7 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
         raw, idx = b_reg[0][0], b_lo[0][0]
         if twice:
             prologue += [AsmOp("vset", f"vsetivli zero, 2, e{8 * spec.tile_n}, m1, ta, ma"),
-                         AsmOp("vlse", f"vlse{8 * spec.tile_n}.v v{raw}, (%[zp]), zero", "B zero points of the tile's columns, twice")]
+                         AsmOp(f"vlse{8 * spec.tile_n}", f"vlse{8 * spec.tile_n}.v v{raw}, (%[zp]), zero", "B zero points of the tile's columns, twice")]
         else:
             vl = f"vsetivli zero, {spec.tile_n}, e8, m1, ta, ma" if spec.tile_n < 32 else "vsetvli t0, zero, e8, m1, ta, ma"
             prologue += [AsmOp("vset", vl), AsmOp("vle8", f"vle8.v v{raw}, (%[zp])", "B zero points of the tile's columns")]
