@@ -147,7 +147,9 @@ def explain(plan: KernelPlan) -> str:
     lines.append(f"  A workspace {a_ws}")
     if plan.budget:
         lines.append("  registers   " + ", ".join(f"{k} {v}" for k, v in plan.budget.items())
-                     + f" = {sum(plan.budget.values())} of 32")
+                     + f" = {sum(plan.budget.values())} of 32"
+                     + (f" (the validator's lower bound; the allocation uses v0-v{len(plan.ime.clobbers) - 1})"
+                        if plan.ime and len(plan.ime.clobbers) > sum(plan.budget.values()) else ""))
     if plan.rvv:
         lines.append(f"  rvv types   accumulators {plan.rvv.f32} (LMUL {plan.rvv.lmul}), B codes {plan.rvv.u8}; needs VLEN >= {s.vlen}")
     if plan.ime:
@@ -160,7 +162,9 @@ def explain(plan: KernelPlan) -> str:
                   f"              {where}",
                   f"              {I.iterations_per_block} iterations per block{' (unrolled)' if I.unrolled else ''}; per iteration: "
                   + ", ".join(f"{n} {k}" for k, n in sorted(mix.items())),
-                  "  inner loop:"]
+                  f"  block start ({len(I.acc_zero + I.prologue)} instructions: accumulators zeroed, zero points spread):"]
+        lines += [f"    {op.text:<28} {('# ' + op.comment) if op.comment else ''}".rstrip() for op in I.acc_zero + I.prologue]
+        lines.append("  inner loop:")
         lines += [f"    {op.text:<28} {('# ' + op.comment) if op.comment else ''}".rstrip() for op in I.body]
         lines.append(f"  block fold ({len(I.fold)} instructions, after the loop):")
         lines += [f"    {op.text:<28} {('# ' + op.comment) if op.comment else ''}".rstrip() for op in I.fold]

@@ -391,3 +391,13 @@ def test_spec_file_name_that_is_not_a_c_identifier(capsys, tmp_path, stem):
         for src in sources:
             toolchain.compile_c([src], tmp_path / f"{src.stem}.{compiler}.o", compiler=compiler, march="rv64gc",
                                 include_dirs=[tmp_path / "out"])
+
+
+def test_explain_shows_the_block_start_and_the_registers_in_use(capsys, tmp_path):
+    spec = tmp_path / "t.imegen"
+    spec.write_text("kernel t { op = gemm compute = int8 target = ime tile = 8x8 k_unroll = 2 zero_point = asymmetric }\n")
+    code, out, _ = run(capsys, "explain", str(spec))
+    assert code == 0
+    assert "= 28 of 32 (the validator's lower bound; the allocation uses v0-v31)" in out
+    start = out.split("  block start (", 1)[1].split("  inner loop:", 1)[0]
+    assert "vlse64.v v16, (%[zp]), zero" in start and "vmv" not in start  # zero points read twice, no copy
