@@ -39,6 +39,9 @@ from typing import Callable, Iterable
 STALE_SECONDS = 3600
 _TMP = re.compile(r"\.tmp-(\w*)-(\d+)-[0-9a-f]+$")  # <final name>.tmp-<host>-<pid>-<random>
 _HOST = re.sub(r"\W", "", socket.gethostname())  # a home shared over NFS: only our own pids can be checked
+# The stamp generated files carry (render.templates_hash) names every template, so it changes with
+# any template edit; what a file compiles to depends on its code only, so keys leave the stamp out.
+_STAMP = re.compile(r" \(templates [0-9a-f]+\)")
 _live: set[Path] = set()  # temporaries of this process (removed on SIGTERM)
 _lock = threading.Lock()
 _swept: set[Path] = set()
@@ -230,7 +233,7 @@ class Inputs:
 
     def key(self) -> str:
         """16 hex digits; parts are tagged and length-prefixed, so different lists never collide
-        by concatenation."""
+        by concatenation. Strings are taken without generated files' templates stamp (_STAMP)."""
         h = hashlib.sha256()
 
         def part(kind: bytes, data: bytes) -> None:
@@ -240,7 +243,7 @@ class Inputs:
             part(b"f", Path(f).name.encode())
             part(b"c", file_digest(f))
         for s in self.strings:
-            part(b"s", s.encode())
+            part(b"s", _STAMP.sub("", s).encode())
         for t in self.tools:
             part(b"t", tool_identity(t).encode())
         return h.hexdigest()[:16]

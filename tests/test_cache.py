@@ -147,6 +147,22 @@ def test_build_keys_cover_spec_compiler_and_host():
     assert measure.bench_inputs(ime, compiler="gcc")[2].key() != measure.bench_inputs(ime)[2].key()
 
 
+def test_build_keys_ignore_the_templates_stamp_but_not_the_code(monkeypatch):
+    """A template edit changes every generated file's stamp (render.templates_hash), not every
+    kernel's code: keys follow the code, so a bench rerun recounts only the kernels that changed."""
+    from imegen import render
+
+    before = {name: key() for name, key in _keys().items()}
+    env = render._env()
+    monkeypatch.setitem(env.globals, "templates_hash", "0123456789abcdef")
+    assert "(templates 0123456789abcdef)" in render.render_kernel(_plans()[0], "k.imegen")["k.h"]
+    assert {name: key() for name, key in _keys().items()} == before
+    # A change in the code itself still changes the bench and test-driver keys.
+    monkeypatch.setattr(render, "_render", lambda t, plan, spec_file: f"/* {t} */ int changed;\n")
+    assert measure.bench_inputs(_plans()[0])[2].key() != before["measure.build_bench"]
+    assert verify.build_inputs(_plans()[0], compiler="clang")[1].key() != before["verify.build"]
+
+
 def test_plugin_and_count_keys_cover_their_inputs(tmp_path, monkeypatch):
     header = tmp_path / "qemu-plugin.h"
     header.write_text("/* one */")
