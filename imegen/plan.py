@@ -92,7 +92,8 @@ class ImePlan:
     fold: tuple[AsmOp, ...]  # after the loop: acc pairs -> fp32, zero-point fix, scale, add into facc
     facc_floats: int  # the tile's fp32 accumulators in memory (gemv: TN results, then TN dots of the block)
     facc_at: str  # C expr in i, j: where output (i, j) accumulates
-    # fp32 accumulators in registers (ir.fp32_acc_in_registers): [mi][ni] -> even register pair; then
+    # fp32 accumulators in registers (ir.fp32_acc_in_registers): [mi][ni] -> even register pair (gemv,
+    # _gemv_facc_group: ((first register of the row's e32 group,),)); then
     # one asm statement loops over all blocks: tile_start (zero them, outer label), per block the
     # prologue/loop/fold, block_end (advance the block pointers, branch back), tile_end (store them
     # to facc for the C epilogue). Empty when the accumulators live in memory (one asm per block).
@@ -432,6 +433,11 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     if fold is None and facc and na == 2 and ma <= 2 and t4 + 4 <= 32:
         fold = _paired_column_fold(spec, acc, facc, t4)
         table_loads = (AsmOp("vle16", f"vl4re16.v v{t4}, (%[idx16])", "e16 index tables: lane -> row, lane -> column, for every block"),)
+    # gemv: the row's fp32 accumulators (one e32 group of TN lanes) in registers above the loop's
+    # and the fold's, when they fit: one asm statement then runs all blocks (as for gemm tiles).
+    gemv_facc = _gemv_facc_group(spec, acc[0], used) if gemv else None
+    if gemv:
+        fold = _gemv_fold(spec, acc[0], gemv_facc)
     if fold is None:
         if facc and used <= 28:
             first = -(-used // 2) * 2
@@ -460,6 +466,21 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
                      AsmOp("addi", "addi %[sa], %[sa], 4", "next block's A scales"),
                      AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
         tile_end = _tile_end(acc, facc, direct_store)
+    elif gemv_facc is not None:
+        g, lanes = gemv_fold_lmul(spec.tile_n), spec.tile_n
+        vset = AsmOp("vset", f"vsetivli zero, {lanes}, e32, m{g}, ta, ma" if lanes < 32 else f"vsetvli t0, zero, e32, m{g}, ta, ma")
+        tile_start = (vset, AsmOp("vmv", f"vmv.v.i v{gemv_facc}, 0", "fp32 accumulators of the row"),
+                      AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
+        # The loop leaves %[a] at the next block's A; the B data, scales and zero points of the next
+        # block lie a constant stride on; A's scales and sums are one word on.
+        block_end = (AsmOp("add", "add %[b], %[b], %[bnext]", "next block's B tiles"),
+                     AsmOp("add", "add %[sb], %[sb], %[sbs]", "next block's B scales"),
+                     *((AsmOp("add", "add %[zp], %[zp], %[zps]", "next block's zero points"),) if spec.zero_point == "asymmetric" else ()),
+                     AsmOp("addi", "addi %[sa], %[sa], 4", "next block's A scale"),
+                     AsmOp("addi", "addi %[as], %[as], 4", "next block's A sum"),
+                     AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
+        tile_end = (vset, AsmOp("vse32", f"vse32.v v{gemv_facc}, (%[facc])", "the row, for the C epilogue"))
+        facc = ((gemv_facc,),)
     return ImePlan(
         ma=ma, na=na, acc_regs=acc, prologue=tuple(prologue), body=tuple(ops), fold=fold,
         iterations_per_block=iterations, a_bytes_per_iteration=a_step,
@@ -654,8 +675,6 @@ def _ime_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc: tuple[tu
     has one live row (lanes 0..3 of each pair): see _gemv_fold."""
     taken = {r for row in (*acc, *facc) for r in row}
     free = [r for r in range(0, 32, 2) if r not in taken]
-    if spec.tile_m == 1:
-        return _gemv_fold(spec, acc[0])
     if zero_points_in_b(spec):
         if tables:
             fast = _grouped_signed_fold(spec, acc, [r for r in free if r not in tables], facc, tables)
@@ -936,7 +955,26 @@ def _signed_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], free: list[
     return tuple(ops)
 
 
-def _gemv_fold(spec: KernelSpec, row: tuple[int, ...]) -> tuple[AsmOp, ...]:
+def _gemv_facc_group(spec: KernelSpec, row: tuple[int, ...], loop_top: int) -> int | None:
+    """First register of the e32 group that keeps a gemv row's fp32 accumulators across blocks: above
+    the loop's registers (loop_top) and the fold's groups, aligned to its LMUL; None when it does not
+    fit, or for what the per-block strides cannot walk (ORT's raw arrays, MLAS block sums)."""
+    if spec.abi != "imegen" or spec.scales == "ort" or spec.zero_point not in ("symmetric", "asymmetric"):
+        return None
+    g = gemv_fold_lmul(spec.tile_n)
+    fold_top = _gemv_fold_groups(spec, row)[-1] + g
+    first = -(-max(loop_top, fold_top) // g) * g
+    return first if first + g <= 32 else None
+
+
+def _gemv_fold_groups(spec: KernelSpec, row: tuple[int, ...]) -> tuple[int, int, int]:
+    """The gemv fold's LMUL-g groups above the accumulators: scales (S), loads (F), zero points (X)."""
+    g = gemv_fold_lmul(spec.tile_n)
+    S = -(-(row[0] + 2 * len(row)) // g) * g
+    return S, S + g, S + 2 * g
+
+
+def _gemv_fold(spec: KernelSpec, row: tuple[int, ...], facc: int | None = None) -> tuple[AsmOp, ...]:
     """One live row: only lanes 0..3 (row 0, columns 4ni..4ni+3) of each accumulator pair matter.
     Slides gather them into one e32 group of TN lanes at the first accumulator (VLEN 256: a register
     holds 8 lanes, two pairs' rows), folded with the row's scale and sum as scalars:
@@ -950,8 +988,7 @@ def _gemv_fold(spec: KernelSpec, row: tuple[int, ...]) -> tuple[AsmOp, ...]:
     g = gemv_fold_lmul(tn)
     D = row[0]
     assert row == tuple(range(D, D + 2 * len(row), 2)) and D % g == 0, "gemv accumulators are consecutive pairs"
-    S = -(-(D + 2 * len(row)) // g) * g
-    F, X = S + g, S + 2 * g
+    S, F, X = _gemv_fold_groups(spec, row)
 
     def vs(sew: int, lanes: int = tn) -> AsmOp:  # vsetivli takes at most 31; 32 lanes are VLMAX at these LMULs
         lmul = _lmul_name(g * sew * lanes // tn, 32)
@@ -1011,8 +1048,10 @@ def _gemv_fold(spec: KernelSpec, row: tuple[int, ...]) -> tuple[AsmOp, ...]:
                 AsmOp("vfwcvt", f"vfwcvt.f.f.v v{S}, v{F}", "widened to fp32"), vs(32)]
     elif not fp16:
         ops.append(AsmOp("vle32", f"vle32.v v{S}, (%[sb])", "B scales"))
-    ops += [AsmOp("vfmul", f"vfmul.vf v{S}, v{S}, ft0", "scale_b * scale_a"),
-            AsmOp("vle32", f"vle32.v v{F}, (%[facc])"), AsmOp("vfmacc", f"vfmacc.vv v{F}, v{D}, v{S}")]
+    ops.append(AsmOp("vfmul", f"vfmul.vf v{S}, v{S}, ft0", "scale_b * scale_a"))
+    if facc is not None:  # in registers across blocks (blksum kernels never are)
+        return tuple(ops + [AsmOp("vfmacc", f"vfmacc.vv v{facc}, v{D}, v{S}", "the row's fp32 accumulators")])
+    ops += [AsmOp("vle32", f"vle32.v v{F}, (%[facc])"), AsmOp("vfmacc", f"vfmacc.vv v{F}, v{D}, v{S}")]
     if blksum:
         ops += [AsmOp("vle32", f"vle32.v v{S}, (%[bs])", "B block sums"),
                 AsmOp("vfmacc", f"vfmacc.vf v{F}, ft1, v{S}", "+ blksum_a * blksum_b")]
