@@ -16,6 +16,7 @@ from .ort.mlas_abi import DEFAULT_PIN, PINS, plan_dispatch
 from .plan import KernelPlan, plan_kernel
 from .ort.ort_tree import OrtTreeError
 from .outputs import write_if_changed, write_outputs
+from .perf import occupancy
 from .render import march_for, render_spec
 from .toolchain import ToolchainError, missing_tools
 
@@ -168,6 +169,7 @@ def explain(plan: KernelPlan) -> str:
         lines += [f"    {op.text:<28} {('# ' + op.comment) if op.comment else ''}".rstrip() for op in I.body]
         lines.append(f"  block fold ({len(I.fold)} instructions, after the loop):")
         lines += [f"    {op.text:<28} {('# ' + op.comment) if op.comment else ''}".rstrip() for op in I.fold]
+        lines += occupancy.summary(plan)
     return "\n".join(lines)
 
 

@@ -64,6 +64,26 @@ def test_plugin_classifies_a_known_instruction_mix(classify_run):
 
 
 @NEEDS_TOOLS
+def test_plugin_histograms_llvm_kinds_as_the_static_walk_reads_them(classify_run):
+    """The counting plugin's kind histogram (insn_count.c decodes instruction words) and the static
+    walk over the same kernel's assembly text (occupancy.py reads mnemonics) must give the same unit
+    cycles; and both the hand-computed ones of tests/c/perf_classify_kernel.c: VLS 3 + 3 + 3 (three
+    LMUL-1 loads) + 8 (an LMUL-4 store) + 8 (a strided e32 load: VLMAX 8), VIEU 2 + 2 (vmv.v.i m1) +
+    4 (vwadd at m2) + 1 (vadd m1), VFP 4 (vfmacc m4)."""
+    import re
+
+    from imegen.perf import occupancy
+
+    (region,) = classify_run.regions
+    measured = occupancy.measured_cycles(region.values, tags=("kernel",))
+    source = (C_DIR / "perf_classify_kernel.c").read_text()
+    texts = [t.strip() for t in re.findall(r'^\s*"([^"]*?)\\n"', source, re.M)]
+    static = occupancy.walk(texts)["llvm"]
+    assert measured == {"vls": 25, "vieu": 9, "vfp": 4}
+    assert (static.vls, static.vieu, static.vfp, static.ime) == (25, 9, 4, 1)
+
+
+@NEEDS_TOOLS
 def test_plugin_excludes_the_trap_emulator(classify_run):
     (region,) = classify_run.regions
     # The vmadot is counted once although it trapped; the emulator's work is excluded by address,

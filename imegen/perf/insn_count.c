@@ -35,6 +35,13 @@
  * callbacks. Per class the plugin sums the bytes and elements accessed and the "beats":
  * max(1, ceil(bytes / BEAT)) per instruction, BEAT = beat=N bytes (default 16, a 128-bit DLEN).
  *
+ * Every vector instruction is also sorted into one of LLVM's SpacemiT-X60 scheduling kinds (the
+ * groups whose hardware-measured occupancy RISCVSchedSpacemitX60.td gives as one table by LMUL,
+ * docs/ime-isa.md §7) and histogrammed by what that occupancy depends on: the vtype's LMUL for
+ * arithmetic, the data's EMUL for unit-stride accesses, the register count for whole-register
+ * ones, log2(VLMAX / VLEN) of the vtype for strided and indexed ones. The cycles themselves are
+ * applied in Python (imegen/perf/occupancy.py), from one table.
+ *
  * Scalar instructions and vmadot use inline counters (qemu_plugin_register_vcpu_insn_exec_inline);
  * vector instructions need the dynamic vtype (and memory callbacks), so they use an execution
  * callback. Compressed (16-bit) instructions are scalar and classified from their quadrant/funct3.
@@ -79,10 +86,26 @@ static const char *unit_names[NUNIT] = {"vieu", "vfp"};
 enum { M_BYTES, M_ELEMS, M_BEATS, NMSTAT };
 static const char *mstat_names[NMSTAT] = {"bytes", "elems", "beats"};
 
+/* LLVM X60 scheduling kinds (occupancy.py names the same ones); bucket b of a kind: 2^(b-3) of what
+ * its occupancy scales with (LMUL, EMUL or registers), or for K_VLMAX kinds VLMAX = VLEN * 2^(b-9). */
+enum {
+    K_LOAD, K_STORE, K_WHOLE, K_MASK_LS, K_STRIDED, K_INDEXED, /* memory */
+    K_ADD, K_LOGIC, K_NARROW, K_GATHER, K_GATHER16_E8, K_SLIDE, K_CMP, K_COMPRESS, K_RED, K_DIV,
+    K_MV_XS, K_MV_SX, K_MV_NR, K_MASK, K_POP,                     /* VIEU */
+    K_FADD, K_FCVT, K_FWCVT, K_FRED, K_FDIV,                      /* VFP */
+    NKIND
+};
+static const char *kind_names[NKIND] = {"load", "store", "whole", "mask_ls", "strided", "indexed",
+                                        "add", "logic", "narrow", "gather", "gather16_e8", "slide", "cmp",
+                                        "compress", "red", "div", "mv_xs", "mv_sx", "mv_nr", "mask", "pop",
+                                        "fadd", "fcvt", "fwcvt", "fred", "fdiv"};
+#define NKTAG 2 /* kinds are histogrammed for the counted tags only (kernel, callee) */
+
 struct counts {
     uint64_t n[NTAG][NCLASS];
     uint64_t emul[NTAG][NUNIT][NEMUL];
     uint64_t mem[NTAG][NMEM][NMSTAT];
+    uint64_t kind[NKTAG][NKIND][NEMUL];
     uint64_t vtype_unknown;
 };
 
@@ -103,8 +126,11 @@ static size_t nranges;
 static int cur_lmul_log2 = 0, cur_sew_log2 = 3;
 
 enum { E_VTYPE, E_FIXED, E_ONE };
+enum { B_LMUL, B_EMUL, B_FIXED, B_VLMAX }; /* what a kind's bucket is taken from */
 struct vdesc {
     uint8_t tag, cls, unit;
+    uint8_t kind, bucket_kind; /* LLVM scheduling kind; B_EMUL: eew_log2 is the data's EEW */
+    int8_t eew_log2, fixed_bucket_log2;
     uint8_t emul_kind; /* E_VTYPE: from vtype (+ adjustments); E_FIXED: fixed_log2; E_ONE: 1 reg */
     int8_t adjust_log2; /* +1: widening or narrowing (the wide group is 2*LMUL) */
     int8_t fixed_log2;
@@ -182,12 +208,29 @@ static void on_mem(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr
     pending_elems++;
 }
 
+static void count_kind(const struct vdesc *d)
+{
+    if (d->tag >= NKTAG)
+        return;
+    int kind = d->kind, b;
+    if (kind == K_GATHER && d->eew_log2 == 1 && cur_sew_log2 == 3)
+        kind = K_GATHER16_E8; /* vrgatherei16 at SEW 8 has a table of its own */
+    switch (d->bucket_kind) {
+    case B_EMUL: b = cur_lmul_log2 + d->eew_log2 - cur_sew_log2 + 3; break;
+    case B_FIXED: b = d->fixed_bucket_log2 + 3; break;
+    case B_VLMAX: b = cur_lmul_log2 - cur_sew_log2 + 9; break;
+    default: b = cur_lmul_log2 + 3;
+    }
+    now.kind[d->tag][kind][b < 0 ? 0 : b >= NEMUL ? NEMUL - 1 : b]++;
+}
+
 static void on_vmem(unsigned int vcpu, void *ud)
 {
     const struct vdesc *d = ud;
     (void)vcpu;
     finish_pending();
     now.n[d->tag][d->cls]++;
+    count_kind(d);
     pending = d, pending_bytes = 0, pending_elems = 0;
 }
 
@@ -204,6 +247,7 @@ static void on_vector(unsigned int vcpu, void *ud)
     else
         emul = cur_lmul_log2 + d->adjust_log2;
     now.emul[d->tag][d->unit][clamp_bucket(emul)]++;
+    count_kind(d);
 }
 
 static void on_begin(unsigned int vcpu, void *ud)
@@ -226,6 +270,10 @@ static void write_counts(const char *label, const struct counts *c, const struct
             for (int m = 0; m < NMSTAT; m++)
                 fprintf(out, " %" PRIu64, c->mem[t][k][m] - (base ? base->mem[t][k][m] : 0));
     }
+    for (int t = 0; t < NKTAG; t++)
+        for (int k = 0; k < NKIND; k++)
+            for (int e = 0; e < NEMUL; e++)
+                fprintf(out, " %" PRIu64, c->kind[t][k][e] - (base ? base->kind[t][k][e] : 0));
     fprintf(out, " %" PRIu64 "\n", c->vtype_unknown - (base ? base->vtype_unknown : 0));
 }
 
@@ -258,15 +306,82 @@ static int is_vector_width(unsigned width)
     return width == 0 || width >= 5;
 }
 
+/* LLVM X60 scheduling kind of a vector memory instruction (opcode LOAD-FP / STORE-FP). */
+static void memory_kind(uint32_t w, struct vdesc *d)
+{
+    static const int8_t eew_log2[8] = {3, 0, 0, 0, 0, 4, 5, 6}; /* width 0, 5, 6, 7: EEW 8..64 */
+    const unsigned mop = (w >> 26) & 3, umop = (w >> 20) & 31, nf = w >> 29;
+    d->eew_log2 = eew_log2[(w >> 12) & 7];
+    if (mop == 2 || mop == 1 || mop == 3) {
+        d->kind = mop == 2 ? K_STRIDED : K_INDEXED, d->bucket_kind = B_VLMAX;
+    } else if (umop == 8) {
+        d->kind = K_WHOLE, d->bucket_kind = B_FIXED, d->fixed_bucket_log2 = (int8_t)ceil_log2(nf + 1);
+    } else if (umop == 11) {
+        d->kind = K_MASK_LS, d->bucket_kind = B_FIXED, d->fixed_bucket_log2 = 0;
+    } else {
+        d->kind = (w & 0x7f) == 0x07 ? K_LOAD : K_STORE, d->bucket_kind = B_EMUL;
+    }
+}
+
+/* LLVM X60 scheduling kind of an OP-V arithmetic instruction (bucket: the vtype's LMUL unless set). */
+static void arith_kind(uint32_t w, struct vdesc *d)
+{
+    const unsigned funct3 = (w >> 12) & 7, f6 = w >> 26, vs1 = (w >> 15) & 31;
+    const int fp = funct3 == 1 || funct3 == 5, opm = funct3 == 2 || funct3 == 6, vv = funct3 == 0;
+    d->bucket_kind = B_LMUL;
+    if (fp) {
+        d->kind = (f6 == 1 || f6 == 3 || f6 == 5 || f6 == 7 || f6 == 0x31 || f6 == 0x33) ? K_FRED
+                : (f6 >= 8 && f6 <= 10) || f6 == 0x17 ? K_FCVT              /* vfsgnj*, vfmerge/vfmv.v.f */
+                : f6 == 0x0e || f6 == 0x0f ? K_SLIDE                         /* vfslide1up/down */
+                : f6 == 0x10 ? K_MV_SX                                       /* vfmv.f.s, vfmv.s.f */
+                : f6 == 0x12 ? (vs1 < 8 ? K_FCVT : K_FWCVT)                  /* vfcvt; vfwcvt, vfncvt */
+                : f6 == 0x13 ? (vs1 == 0 ? K_FDIV : K_FCVT)                  /* vfsqrt; vfrsqrt7, vfrec7, vfclass */
+                : f6 >= 0x18 && f6 <= 0x1f ? K_CMP
+                : f6 == 0x20 || f6 == 0x21 ? K_FDIV
+                : f6 >= 0x30 && f6 <= 0x37 ? K_FWCVT                         /* vfwadd/vfwsub(.w) (LLVM: the convert table) */
+                : f6 >= 0x38 ? K_LOGIC                                       /* vfwmul, vfwmacc...: ConstOneUntilMF2ThenDouble */
+                : K_FADD;
+        return;
+    }
+    if (opm) {
+        d->kind = f6 <= 7 ? K_RED
+                : f6 == 0x0e || f6 == 0x0f ? K_SLIDE                         /* vslide1up/down */
+                : f6 == 0x10 ? (funct3 == 6 ? K_MV_SX : vs1 == 0 ? K_MV_XS : K_POP)
+                : f6 == 0x12 || f6 == 0x14 ? K_LOGIC                         /* vzext/vsext; vid, viota, vmsbf... */
+                : f6 == 0x17 ? K_COMPRESS
+                : f6 >= 0x18 && f6 <= 0x1f ? K_MASK
+                : f6 >= 0x20 && f6 <= 0x23 ? K_DIV
+                : f6 >= 0x30 ? K_LOGIC                                       /* widening integer */
+                : K_ADD;                                                     /* vaadd.., vmul*, vmacc/vmadd/vnmsac/vnmsub */
+        return;
+    }
+    /* OPIVV, OPIVI, OPIVX */
+    if (funct3 == 3 && f6 == 0x27) { /* vmv<nr>r.v */
+        d->kind = K_MV_NR, d->bucket_kind = B_FIXED, d->fixed_bucket_log2 = (int8_t)ceil_log2(vs1 + 1);
+        return;
+    }
+    d->eew_log2 = (vv && f6 == 0x0e) ? 1 : 0; /* vrgatherei16: its SEW-8 table is chosen at run time */
+    d->kind = f6 <= 7 || (f6 >= 0x20 && f6 <= 0x23) || f6 == 0x27 ? K_ADD   /* add/sub/min/max, saturating, vsmul */
+            : f6 == 0x0c ? (vv ? K_GATHER : K_LOGIC)                        /* vrgather.vv; .vx/.vi */
+            : f6 == 0x0e ? (vv ? K_GATHER : funct3 == 4 ? K_LOGIC : K_SLIDE) /* vrgatherei16; vslideup.vx; .vi */
+            : f6 == 0x0f ? K_SLIDE                                          /* vslidedown */
+            : f6 == 0x11 || f6 == 0x13 || (f6 >= 0x18 && f6 <= 0x1f) ? K_CMP /* vmadc, vmsbc, compares */
+            : f6 >= 0x2c && f6 <= 0x2f ? K_NARROW
+            : f6 == 0x30 || f6 == 0x31 ? K_RED
+            : K_LOGIC;                                                      /* logical, vadc/vsbc, vmerge/vmv, shifts */
+}
+
 /* Fill a descriptor for a vector instruction; returns its class, or -1 if it is scalar. */
 static int decode_vector(uint32_t w, struct vdesc *d)
 {
     const unsigned opcode = w & 0x7f, funct3 = (w >> 12) & 7, funct6 = w >> 26;
     d->unit = 0, d->emul_kind = E_VTYPE, d->adjust_log2 = 0, d->fixed_log2 = 0;
+    d->kind = K_ADD, d->bucket_kind = B_LMUL, d->eew_log2 = 0, d->fixed_bucket_log2 = 0;
     if (opcode == 0x07 || opcode == 0x27) {
         if (!is_vector_width(funct3))
             return -1;
         const unsigned mop = (w >> 26) & 3;
+        memory_kind(w, d);
         if (mop != 0)
             return C_VLSX; /* strided (2) or indexed (1, 3) */
         return opcode == 0x07 ? C_VLOAD : C_VSTORE;
@@ -278,6 +393,7 @@ static int decode_vector(uint32_t w, struct vdesc *d)
     const int fp = funct3 == 1 || funct3 == 5;
     const int opm = funct3 == 2 || funct3 == 6;
     d->unit = fp ? U_VFP : U_VIEU;
+    arith_kind(w, d);
     if ((fp || opm) && (funct6 >> 4) == 3) {
         d->adjust_log2 = 1; /* widening: destination group is 2*LMUL */
     } else if (!fp && !opm && funct6 >= 0x2c && funct6 <= 0x2f) {
@@ -445,6 +561,10 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
             for (int m = 0; m < NMSTAT; m++)
                 fprintf(out, " %s.%s.%s", tag_names[t], class_names[C_VLOAD + k], mstat_names[m]);
     }
+    for (int t = 0; t < NKTAG; t++)
+        for (int k = 0; k < NKIND; k++)
+            for (int e = 0; e < NEMUL; e++)
+                fprintf(out, " %s.occ.%s.b%d", tag_names[t], kind_names[k], e);
     fprintf(out, " vtype_unknown\n");
     qemu_plugin_register_vcpu_tb_trans_cb(id, tb_trans);
     qemu_plugin_register_atexit_cb(id, at_exit, NULL);
