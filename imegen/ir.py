@@ -42,6 +42,7 @@ class KernelSpec:
     abi: str = "imegen"  # imegen (NAME_matmul) | mlas (ORT MLAS QNBitGemm dispatch entry points)
     scale_type: str = "fp32"  # packed-B scales: fp32 (ORT's) | fp16 (half the scale bytes, int8 compute only)
     stage_b: str = "tile"  # int4 B unpacked by each tile | once per M block into the workspace (staged_b_refusal)
+    spread: str = "group"  # the fold spreads scales over the accumulator lanes by one vrgather per LMUL-4 group | per register (spread_refusal)
     source: Span | None = field(default=None, compare=False)
 
     def describe(self) -> str:
@@ -53,6 +54,7 @@ class KernelSpec:
             f"tile={self.tile_m}x{self.tile_n} k_unroll={self.k_unroll} unpack={self.unpack} "
             f"panel={self.panel} scales={self.scales} scale_type={self.scale_type} abi={self.abi}"
             + (f" stage_b={self.stage_b}" if self.stage_b != "tile" else "")
+            + (f" spread={self.spread}" if self.spread != "group" else "")
         )
 
 
@@ -74,6 +76,7 @@ _CHOICES: dict[str, tuple[str, object]] = {
     "abi": ("abi", ("imegen", "mlas")),
     "scale_type": ("scale_type", ("fp32", "fp16")),
     "stage_b": ("stage_b", ("tile", "m_block")),
+    "spread": ("spread", ("group", "per_register")),
 }
 
 # Ranges of the free-form numbers (the other numeric settings are choices above), with why.
@@ -189,6 +192,22 @@ def staged_b_refusal(spec: KernelSpec) -> str | None:
     return None
 
 
+def spread_refusal(spec: KernelSpec) -> str | None:
+    """Why `spread = per_register` cannot be generated for spec (None: it can). The fold of two-column-
+    tile kernels with fp32 accumulators in registers spreads the A and B scales over an LMUL-4 group
+    of accumulator lanes with one vrgatherei16 each; per_register does it with LMUL-1 vrgathers (and
+    a whole-register copy where two registers need the same lanes): more instructions, but LLVM's
+    hardware-measured X60 schedule gives an LMUL-4 vrgather 64 cycles of the vector integer unit and
+    an LMUL-1 one 4 (docs/ime-isa.md §7)."""
+    if spec.target != "ime" or spec.op != "gemm" or spec.abi != "imegen" or spec.stage_b != "tile":
+        return "spread = per_register changes the fold of IME gemm kernels: it needs target ime, op gemm, abi imegen, stage_b tile"
+    if spec.tile_n != 8 or spec.tile_m not in (4, 8) or spec.tile_m * spec.k_unroll > 16 or not fp32_acc_in_registers(spec):
+        return (f"spread = per_register is generated for the two-column-tile fold, with the fp32 accumulators, its index "
+                f"tables and three LMUL-4 groups in registers beside the loop's: tiles 4x8 at k_unroll 2 or 4 and 8x8 at "
+                f"k_unroll 2, bits 4, not {spec.tile_m}x{spec.tile_n} at k_unroll {spec.k_unroll}, bits {spec.bits}")
+    return None
+
+
 def staged(spec: KernelSpec) -> bool:
     return spec.stage_b == "m_block"
 
@@ -283,6 +302,10 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
         why = staged_b_refusal(spec)
         if why:
             refuse("stage_b", why)
+    if spec.spread != "group":
+        why = spread_refusal(spec)
+        if why:
+            refuse("spread", why)
     if spec.op == "gemv" and spec.tile_m != 1:
         refuse("tile", f"a gemv kernel computes one row at a time, so its tile must be 1xN, not {spec.tile_m}x{spec.tile_n}")
     if spec.panel % spec.tile_n:

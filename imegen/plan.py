@@ -433,6 +433,8 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     if fold is None and facc and na == 2 and ma <= 2 and t4 + 4 <= 32:
         fold = _paired_column_fold(spec, acc, facc, t4)
         table_loads = (AsmOp("vle16", f"vl4re16.v v{t4}, (%[idx16])", "e16 index tables: lane -> row, lane -> column, for every block"),)
+    # ir.spread_refusal admits only tiles this fold is written for; a fold of another form would not spread per register
+    assert spec.spread == "group" or (fold is not None and any("vmv2r" in op.text for op in fold)), spec.describe()
     # gemv: the row's fp32 accumulators (one e32 group of TN lanes) in registers above the loop's
     # and the fold's, when they fit: one asm statement then runs all blocks (as for gemm tiles).
     gemv_facc = _gemv_facc_group(spec, acc[0], used) if gemv else None
@@ -492,7 +494,8 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
                                   else f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4"),
         vmadots_per_tile_block=(spec.block // 8) * ma * na,
         facc_regs=facc, direct_store=direct_store, tile_start=tile_start, block_end=block_end, tile_end=tile_end,
-        index16=PAIRED_FOLD_INDEX if any("%[idx16]" in op.text for op in tile_start) else (),
+        index16=(PER_REGISTER_FOLD_INDEX if spec.spread == "per_register" else PAIRED_FOLD_INDEX)
+        if any("%[idx16]" in op.text for op in tile_start) else (),
         acc_zero=_acc_zero(2 * ma * na, on_vfp=not gemv), unrolled=unrolled, entry_vset=not _sets_vtype_first(ops),
     )
 
@@ -865,6 +868,11 @@ def _column_pair_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tup
 # e16 index tables of _paired_column_fold (32 lanes each): lane -> row r of its 4x4 tile, and lane ->
 # the B scale (lanes 16.. of the scale group) of column tile lane / 16, column q.
 PAIRED_FOLD_INDEX = tuple((lane % 16) // 4 for lane in range(32)) + tuple(16 + 4 * (lane // 16) + lane % 4 for lane in range(32))
+# spread = per_register: one e16 table per register (8 lanes used, 8 padding), for LMUL-1 vrgathers from the
+# register holding the A scales (lanes 0..3) or the B scales (lanes 0..7): the lanes of rows 0-1 and of rows
+# 2-3 of a 4x4 tile (-> row), then those of column tile 0 and of column tile 1 (-> column).
+PER_REGISTER_FOLD_INDEX = tuple(v for table in ([0] * 4 + [1] * 4, [2] * 4 + [3] * 4, [0, 1, 2, 3] * 2, [4, 5, 6, 7] * 2)
+                                for v in table + [0] * 8)
 
 
 def _paired_column_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc: tuple[tuple[int, ...], ...],
@@ -883,19 +891,32 @@ def _paired_column_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc
         return None
     S, SA, SB = groups[:3]
     T_ROW, T_COL = tables, tables + 2
+    per_register = spec.spread == "per_register"  # PER_REGISTER_FOLD_INDEX: tables T..T+3, one register each
     ops: list[AsmOp] = []
     vt = _Vtype(ops)
     _fold_prologue(spec, ops, vt, ma, na, 8, S + 2, SA, S, ("mf2", "m1"), (", lanes 16..23", ", lanes 0..3"), a_rows=4)
-    vt(None, "e32", "m4")
-    ops.append(AsmOp("vrgather", f"vrgatherei16.vv v{SB}, v{S}, v{T_COL}", "B scales spread over both column tiles"))
+    if per_register:
+        vt(8, "e32", "m1")
+        ops += [AsmOp("vrgather", f"vrgatherei16.vv v{SB + j}, v{S + 2}, v{tables + 2 + j // 2}",
+                      f"B scales of column tile {j // 2}, rows {2 * (j % 2)}-{2 * (j % 2) + 1}") for j in range(4)]
+    else:
+        vt(None, "e32", "m4")
+        ops.append(AsmOp("vrgather", f"vrgatherei16.vv v{SB}, v{S}, v{T_COL}", "B scales spread over both column tiles"))
     for mi in range(ma):
         if mi:  # this row tile's A scales over the last one's lanes 0..3 (B's lanes are spread already)
             vt(4, "e32", "m1")
             ops += [AsmOp("add", f"add t1, {'%[sa]' if mi == 1 else 't1'}, %[sa4]"),
                     AsmOp("vlse32", f"vlse32.v v{S}, (t1), %[sas]", f"A scales, rows {4 * mi}..{4 * mi + 3}, lanes 0..3")]
+        if per_register:
+            vt(8, "e32", "m1")
+            ops += [AsmOp("vrgather", f"vrgatherei16.vv v{SA + j}, v{S}, v{tables + j}",
+                          f"A scales of rows {4 * mi + 2 * j}-{4 * mi + 2 * j + 1}") for j in range(2)]
+            ops.append(AsmOp("vmv", f"vmv2r.v v{SA + 2}, v{SA}", "the same rows for column tile 1"))
             vt(None, "e32", "m4")
-        ops += [AsmOp("vrgather", f"vrgatherei16.vv v{SA}, v{S}, v{T_ROW}", f"A scales of rows {4 * mi}..{4 * mi + 3}, twice"),
-                AsmOp("vfmul", f"vfmul.vv v{SA}, v{SA}, v{SB}", "scale_a * scale_b"),
+        else:
+            vt(None, "e32", "m4")
+            ops.append(AsmOp("vrgather", f"vrgatherei16.vv v{SA}, v{S}, v{T_ROW}", f"A scales of rows {4 * mi}..{4 * mi + 3}, twice"))
+        ops += [AsmOp("vfmul", f"vfmul.vv v{SA}, v{SA}, v{SB}", "scale_a * scale_b"),
                 AsmOp("vfmacc", f"vfmacc.vv v{facc[mi][0]}, v{acc[mi][0]}, v{SA}", f"row tile {mi}, both column tiles")]
     return tuple(ops)
 

@@ -42,3 +42,15 @@ def test_8x8_block32_fold_is_gather_bound_under_measured_occupancies():
     assert (model.vmadots, model.vector_issue, model.bound) == (16, 41, "vector issue")
     assert llvm.bound == "VIEU" and llvm.vieu == 3 * 64 + 36 and llvm.per_vmadot == pytest.approx(14.25)
 
+
+
+def test_per_register_spread_takes_the_gathers_off_the_critical_unit():
+    """spread = per_register: the same tile's three LMUL-4 vrgathers (64 cycles each) become eight LMUL-1
+    ones (4 cycles each) and two whole-register copies (4 each): 7 more vector instructions (the bench
+    model's binding slot), a third of the measured VIEU cycles."""
+    text = ("kernel t { target = ime  compute = int8  bits = 4  block = 32  zero_point = asymmetric  "
+            "tile = 8x8  k_unroll = 2  panel = 16  scale_type = fp32  spread = %s }")
+    group, split = (occupancy.tile_block(plan_kernel(specs_from_text(text % s)[0])) for s in ("group", "per_register"))
+    assert split["model"].vector_issue == group["model"].vector_issue + 7
+    assert split["llvm"].vieu == 36 + 8 * 4 + 2 * 4 and split["llvm"].per_vmadot == pytest.approx(76 / 16)
+    assert split["llvm"].per_vmadot < group["llvm"].per_vmadot / 2.5

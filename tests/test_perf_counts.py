@@ -81,6 +81,13 @@ def test_plugin_histograms_llvm_kinds_as_the_static_walk_reads_them(classify_run
     static = occupancy.walk(texts)["llvm"]
     assert measured == {"vls": 25, "vieu": 9, "vfp": 4}
     assert (static.vls, static.vieu, static.vfp, static.ime) == (25, 9, 4, 1)
+    # x60's measured variant swaps exactly these three units.
+    from dataclasses import asdict
+
+    from imegen.perf import x60
+
+    model, swapped = asdict(x60.core_cycles(region.values)), asdict(x60.core_cycles(region.values, measured=True))
+    assert swapped == {**model, "vls": 25, "vieu": 9, "vfp": 4}
 
 
 @NEEDS_TOOLS

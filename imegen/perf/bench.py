@@ -110,7 +110,7 @@ def _m(v: float) -> str:
 
 def short_config(spec) -> str:
     s = settings_of(spec)
-    extra = (f" v{s['vlen']}" if "vlen" in s else "") + (" staged" if "stage_b" in s else "")
+    extra = (f" v{s['vlen']}" if "vlen" in s else "") + (" staged" if "stage_b" in s else "") + (" spread/reg" if "spread" in s else "")
     return f"{s['target']}/{s['compute']} {s['op']} {s['tile']} k{s['k_unroll']} {s['unpack'][:5]} p{s['panel']} {s['scales'][:3]}{extra}"
 
 
@@ -192,23 +192,32 @@ class TokenSummary:
     prefill_tps: dict[int, dict[str, float]]  # M -> kind -> tokens/s
 
 
-def token_summaries(res: BenchResult, p: x60.X60Params = x60.X60) -> list[TokenSummary]:
+def _modeled(ev: Evaluation, cores: int) -> x60.Modeled:
+    return ev.four_cores if cores > 1 else ev.one_core
+
+
+def _measured(ev: Evaluation, cores: int) -> x60.Modeled:
+    """The LLVM-measured-occupancy sensitivity (Evaluation.measured)."""
+    return ev.measured[1 if cores > 1 else 0]
+
+
+def token_summaries(res: BenchResult, p: x60.X60Params = x60.X60, pick=_modeled) -> list[TokenSummary]:
     if res.quick:
         return []
     out = []
     for b in sorted({c.block for c in res.cases}):
-        def total(M: int, kind: str, attr: str, lm_head_m: int | None = None) -> float:
+        def total(M: int, kind: str, cores: int, lm_head_m: int | None = None) -> float:
             t = 0.0
             for s in shapes():
                 m = lm_head_m if (s.name == "lm_head" and lm_head_m is not None) else M
                 c = next(c for c in res.cases if c.shape == s.name and c.M == m and c.block == b)
-                t += s.per_token * getattr(res.get(c, kind), attr).time_s
+                t += s.per_token * pick(res.get(c, kind), cores).time_s
             return t
 
-        decode = {k: total(DECODE_M, k, "four_cores") * 1e3 for k in KINDS}
-        decode1 = {k: total(DECODE_M, k, "one_core") * 1e3 for k in KINDS}
+        decode = {k: total(DECODE_M, k, 4) * 1e3 for k in KINDS}
+        decode1 = {k: total(DECODE_M, k, 1) * 1e3 for k in KINDS}
         need = sum(s.per_token * x60.compulsory_bytes(DECODE_M, s.N, s.K, b) for s in shapes())
-        prefill = {M: {k: M / total(M, k, "four_cores", lm_head_m=DECODE_M) for k in KINDS} for M in PREFILL_M}
+        prefill = {M: {k: M / total(M, k, 4, lm_head_m=DECODE_M) for k in KINDS} for M in PREFILL_M}
         out.append(TokenSummary(b, decode, decode1, need / p.dram_effective * 1e3, need / p.dram_theoretical * 1e3,
                                 prefill))
     return out
@@ -271,6 +280,39 @@ def prefill_goal_text(res: BenchResult, p: x60.X60Params = x60.X60) -> str:
     return "\n".join(lines)
 
 
+def measured_text(res: BenchResult) -> str:
+    """The sensitivity to LLVM's hardware-measured X60 occupancies: the same counts and DRAM model, the
+    vector units busy for the measured cycles of each instruction instead of the model's beats."""
+    if not all(r.ev.measured for r in res.rows) or not all(e.measured for es in res.tuned.ranking.values() for e in es):
+        return ""
+    lines = ["Sensitivity: LLVM's hardware-measured X60 occupancies (docs/ime-isa.md §7; imegen/perf/occupancy.py) "
+             "in place of the model's VLS/VIEU/VFP charges, same counts and DRAM bytes, 4 cores, MODELED. The tuner "
+             "ranks by the model above, not by this:"]
+    head = ["shape", "M", "block", "imegen config", "x roofline", "LLVM occ.", "binds", "llama-4x16 LLVM occ.",
+            "rvv-fp32 LLVM occ.", "best config under LLVM occ.", "its LLVM occ."]
+    body = []
+    for c in res.cases:
+        best = res.get(c, "imegen")
+        m = best.measured[1]
+        alt = min(res.tuned.ranking.get(c, [best]), key=lambda e: (e.measured[1].time_s, e.key))
+        body.append([c.shape, str(c.M), str(c.block), short_config(best.spec), f"{best.four_cores.efficiency:.2f}",
+                     f"{m.efficiency:.2f}", m.bound, *(f"{res.get(c, k).measured[1].efficiency:.2f}" for k in KINDS[1:]),
+                     short_config(alt.spec), f"{alt.measured[1].efficiency:.2f}"])
+    lines.append(format_table(head, body, right={1, 2, 4, 5, 7, 8, 10}))
+    cells = [r for r in res.rows if r.kind == "imegen" and r.case.M in PREFILL_M and r.case.shape != "k/v"]
+    if cells:
+        lines.append(f"Prefill within {PREFILL_GOAL}x of the roofline under the measured occupancies: "
+                     f"{sum(r.ev.measured[1].efficiency <= PREFILL_GOAL for r in cells)} of {len(cells)} cells "
+                     f"(under the model: {sum(r.ev.four_cores.efficiency <= PREFILL_GOAL for r in cells)}).")
+    sums = token_summaries(res, pick=_measured)
+    if sums:
+        lines.append("Per token, MatMulNBits only, 4 cores, measured occupancies: " + "; ".join(
+            f"block {t.block}: decode " + ", ".join(f"{k} {t.decode_ms[k]:.1f}" for k in KINDS) + " ms/token, pp"
+            + ", pp".join(f"{M} " + ", ".join(f"{k} {t.prefill_tps[M][k]:.1f}" for k in KINDS) for M in PREFILL_M)
+            + " tok/s" for t in sums))
+    return "\n".join(lines)
+
+
 def model_text(p: x60.X60Params = x60.X60) -> str:
     return (f"MODEL (imegen/perf/x60.py; modeled, not measured): X60 at {p.clock_hz / 1e9:.1f} GHz, VLEN {p.vlen}, "
             f"DLEN {p.dlen}, in-order dual issue, 1 vmadot/cycle/core ({p.peak_ops_per_core / 1e9:.0f} int8 GOPS/core), "
@@ -325,6 +367,9 @@ def report(res: BenchResult, refused_note: bool = True) -> str:
     goal = prefill_goal_text(res)
     if goal:
         parts += ["", goal]
+    measured = measured_text(res)
+    if measured:
+        parts += ["", measured]
     parts += ["", summary_text(res)]
     if refused_note:
         parts += ["", f"Tuner: {res.tuned.evaluated} configs measured, {len(res.tuned.refused)} refused by the "
@@ -337,7 +382,7 @@ def write_csv(res: BenchResult) -> str:
     w = csv.writer(buf)
     w.writerow(["shape", "M", "N", "K", "block", "kernel", "config", *x60.CLASSES, "vec_bytes",
                 "ms_1core", "bound_1core", "ms_4cores", "bound_4cores", "dram_bytes", "roofline_ms_4cores",
-                "x_roofline_4cores", "gops_4cores"])
+                "x_roofline_4cores", "gops_4cores", "ms_4cores_llvm_occ", "x_roofline_4cores_llvm_occ"])
     for r in res.rows:
         cls = x60.class_totals(r.ev.counts)
         vec_bytes = sum(x60.mem_stat(r.ev.counts, c, "bytes") for c in ("vload", "vstore", "vlsx"))
@@ -345,7 +390,8 @@ def write_csv(res: BenchResult) -> str:
         w.writerow([r.case.shape, r.case.M, r.case.N, r.case.K, r.case.block, r.kind, r.ev.spec.describe(),
                     *(round(cls[c]) for c in x60.CLASSES), round(vec_bytes), f"{one.time_s * 1e3:.6f}", one.bound,
                     f"{four.time_s * 1e3:.6f}", four.bound, round(four.dram_bytes), f"{four.roofline_s * 1e3:.6f}",
-                    f"{four.efficiency:.4f}", f"{four.gops:.3f}"])
+                    f"{four.efficiency:.4f}", f"{four.gops:.3f}",
+                    *((f"{r.ev.measured[1].time_s * 1e3:.6f}", f"{r.ev.measured[1].efficiency:.4f}") if r.ev.measured else ("", ""))])
     return buf.getvalue()
 
 

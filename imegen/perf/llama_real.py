@@ -323,6 +323,13 @@ def modeled_s(counts: dict, M: int, N: int, K: int, p=None) -> tuple[float, floa
     return max(core, dram), max(core + stall / p.clock_hz, dram)
 
 
+def measured_s(counts: dict, M: int, N: int, K: int, p=None) -> float:
+    """MODELED time with the vector units' cycles from LLVM's measured X60 occupancies (x60.core_cycles)."""
+    from . import x60
+    p = p or x60.X60
+    return max(x60.core_seconds(counts, p, measured=True), dram_bytes(M, N, K, p) / p.dram_effective)
+
+
 @dataclass(frozen=True)
 class LlamaRow:
     case: object  # tune.Case
@@ -333,6 +340,10 @@ class LlamaRow:
     def times(self) -> dict[str, tuple[float, float]]:
         c = self.case
         return {"1": modeled_s(self.one, c.M, c.N, c.K), "4": modeled_s(self.four, c.M, c.N, c.K)}
+
+    def measured_times(self) -> dict[str, float]:
+        c = self.case
+        return {"1": measured_s(self.one, c.M, c.N, c.K), "4": measured_s(self.four, c.M, c.N, c.K)}
 
 
 def rows(cases, tuned, log=None) -> list[LlamaRow]:
@@ -375,19 +386,22 @@ def table(rs: list[LlamaRow]) -> str:
     return format_table(head, body, right=set(range(1, 14)))
 
 
-def per_token_s(rs: list[LlamaRow], M: int) -> tuple[float, float] | None:
+def per_token_s(rs: list[LlamaRow], M: int) -> tuple[float, float, float | None] | None:
     """MODELED seconds per M-token step of Qwen's MatMulNBits on llama.cpp's real kernels, 4 threads:
-    (base, with latency sensitivity); None without every shape at M (and the LM head at M = 1)."""
+    (base, with latency sensitivity, with LLVM's measured occupancies or None for older counts); None
+    without every shape at M (and the LM head at M = 1)."""
+    from . import occupancy
     from .workload import shapes
     by = {(r.case.shape, r.case.M): r for r in rs}
-    base = lat = 0.0
+    base = lat = occ = 0.0
     for s in shapes():
         r = by.get((s.name, 1 if s.name == "lm_head" else M))  # llama.cpp computes logits of the last token only
         if r is None:
             return None
         t = r.times()["4"]
         base, lat = base + s.per_token * t[0], lat + s.per_token * t[1]
-    return base, lat
+        occ = None if occ is None or occupancy.measured_cycles(r.four) is None else occ + s.per_token * r.measured_times()["4"]
+    return base, lat, occ
 
 
 def calibration(rs: list[LlamaRow]) -> str:
@@ -399,6 +413,8 @@ def calibration(rs: list[LlamaRow]) -> str:
         if t is None:
             return f"(calibration needs every Qwen shape at M = 1 and {PREFILL_M[-1]}: run without --quick)"
         tps, tps_lat = M / t[0], M / t[1]
+        occ = (f"; with LLVM's measured occupancies {M / t[2]:.1f} tok/s, optimism factor {M / t[2] / published:.2f}x"
+               if t[2] is not None else "")
         lines.append(f"  {label}: MODELED {tps:.1f} tok/s (with latency sensitivity {tps_lat:.1f}); published "
-                     f"{published} tok/s; optimism factor {tps / published:.2f}x ({tps_lat / published:.2f}x)")
+                     f"{published} tok/s; optimism factor {tps / published:.2f}x ({tps_lat / published:.2f}x){occ}")
     return "\n".join(lines)

@@ -8,8 +8,9 @@ Search space (4-bit weights, asymmetric zero points, int8 compute, target ime):
           interleaved}, panel in {TN, 2 TN, 4 TN}, scales in {inline, separate} and scale_type in
           {fp32, fp16} (fp16 halves the scale bytes that DRAM-bound decode streams; with int8
           compute its rounding is far inside ORT's accuracy_level 4 tolerance); for 4x8 and 8x8
-          leaders at k_unroll 2 also stage_b = m_block (B unpacked once per M block), every panel
-          and scale type, planar and inline;
+          leaders at k_unroll 2 also stage_b = m_block (B unpacked once per M block), and for the
+          leaders ir.spread_refusal admits spread = per_register (the fold's scale spreads by LMUL-1
+          vrgathers), every panel and scale type, planar and inline;
 Every candidate is written as DSL text and goes through imegen's own parser and validator
 (ir.specs_from_text); the ones it refuses (register budget, k_unroll vs block, ...) are
 reported with the validator's message and never built. Valid ones are measured (measure.py,
@@ -29,13 +30,13 @@ from pathlib import Path
 from ..errors import SpecError
 from ..ir import KernelSpec, specs_from_text
 from ..plan import plan_kernel
-from . import measure, x60
+from . import measure, occupancy, x60
 from .workload import BLOCKS, DECODE_M, PREFILL_M, shapes
 
 TIE = 0.01  # relative 4-core time difference below which configs count as tied
 
 ORDER = ("op", "bits", "block", "zero_point", "bias", "compute", "target", "vlen", "tile", "k_unroll",
-         "unpack", "panel", "scales", "scale_type", "stage_b")
+         "unpack", "panel", "scales", "scale_type", "stage_b", "spread")
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,8 @@ def config_name(settings: dict[str, object]) -> str:
         parts.append(str(s["scale_type"]))
     if s.get("stage_b", "tile") != "tile":
         parts.append("staged")
+    if s.get("spread", "group") != "group":
+        parts.append("spreadreg")
     if "vlen" in s:
         parts.insert(3, f"v{s['vlen']}")
     return "_".join(parts)
@@ -118,6 +121,9 @@ def stage2(settings: dict[str, object], *, quick: bool = False) -> list[dict[str
                for u in ("planar", "interleaved") for p in panels for sc in ("inline", "separate") for st in ("fp32", "fp16")]
     if str(settings["tile"]) in ("4x8", "8x8") and settings["k_unroll"] == 2:  # what ir.staged_b_refusal allows
         layouts += [{**settings, "panel": p, "scale_type": st, "stage_b": "m_block"} for p in panels for st in ("fp32", "fp16")]
+    tm, ku = int(str(settings["tile"]).split("x")[0]), int(settings["k_unroll"])
+    if tn == 8 and tm in (4, 8) and tm * ku <= 16:  # what ir.spread_refusal allows
+        layouts += [{**settings, "panel": p, "scale_type": st, "spread": "per_register"} for p in panels for st in ("fp32", "fp16")]
     return layouts
 
 
@@ -138,6 +144,9 @@ class Evaluation:
     counts: dict[str, float]  # one core, whole shape
     one_core: x60.Modeled
     four_cores: x60.Modeled
+    # The same on 1 and 4 cores with the vector units' cycles from LLVM's hardware-measured X60
+    # occupancies (x60.core_cycles(measured=True)): a sensitivity the ranking does not use.
+    measured: tuple[x60.Modeled, x60.Modeled] | None = None
 
     @property
     def key(self) -> tuple:
@@ -156,6 +165,8 @@ def settings_of(spec: KernelSpec) -> dict[str, object]:
         d["vlen"] = spec.vlen
     if spec.stage_b != "tile":
         d["stage_b"] = spec.stage_b
+    if spec.spread != "group":
+        d["spread"] = spec.spread
     return d
 
 
@@ -170,8 +181,10 @@ def evaluate(specs: list[KernelSpec], targets: list[Case], *, jobs: int = 1, log
         out = []
         for c, sc in zip(mine, counted):
             one_core, four = sc.matmul(1), sc.matmul(params.ime_cores)
+            measured = (tuple(x60.model(plan, *c.mnk, n, cores, params, measured=True) for n, cores in ((one_core, 1), (four, params.ime_cores)))
+                        if occupancy.measured_cycles(one_core) is not None else None)
             out.append(Evaluation(spec, c, one_core, x60.model(plan, *c.mnk, one_core, 1, params),
-                                  x60.model(plan, *c.mnk, four, params.ime_cores, params)))
+                                  x60.model(plan, *c.mnk, four, params.ime_cores, params), measured))
         if log:
             log(f"  measured {spec.name}")
         return out
