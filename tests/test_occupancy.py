@@ -54,3 +54,31 @@ def test_per_register_spread_takes_the_gathers_off_the_critical_unit():
     assert split["model"].vector_issue == group["model"].vector_issue + 7
     assert split["llvm"].vieu == 36 + 8 * 4 + 2 * 4 and split["llvm"].per_vmadot == pytest.approx(76 / 16)
     assert split["llvm"].per_vmadot < group["llvm"].per_vmadot / 2.5
+
+
+NEEDS_TOOLS = pytest.mark.skipif(bool(__import__("imegen.toolchain", fromlist=["missing_tools"]).missing_tools()),
+                                 reason="needs the cross toolchains and qemu-riscv64")
+
+
+@NEEDS_TOOLS
+@pytest.mark.parametrize("settings", ["tile = 8x8  spread = group", "tile = 8x8  spread = per_register",
+                                      "tile = 4x8  spread = per_register", "tile = 1x16  op = gemv  k_unroll = 4  panel = 16",
+                                      "tile = 8x16  panel = 16"])
+def test_one_more_block_costs_what_the_static_walk_says(settings):
+    """The counting plugin, on the generated kernel under QEMU: one more K block of a one-tile call adds
+    exactly the unit cycles the static walk of the plan's (tile, block) gives, under LLVM's measured
+    occupancies and under the bench's model alike (the tile part: the call minus prepare_a)."""
+    from imegen.perf import measure, x60
+
+    spec = specs_from_text("defaults { target = ime  compute = int8  bits = 4  block = 32  zero_point = asymmetric  "
+                           f"k_unroll = 2  panel = 8  scale_type = fp16 }}\nkernel t {{ {settings} }}")[0]
+    plan = plan_kernel(spec)
+    tm, tn = spec.tile_m, spec.tile_n
+    one, two = measure.run_cases(measure.build_bench(plan), [(tm, tn, 64), (tm, tn, 96)])
+    tiles = [{k: c.matmul[k] - c.prep[k] for k in c.matmul} for c in (one, two)]
+    block = {k: tiles[1][k] - tiles[0][k] for k in tiles[0]}
+    static = occupancy.tile_block(plan)
+    assert occupancy.measured_cycles(block) == {"vls": static["llvm"].vls, "vieu": static["llvm"].vieu, "vfp": static["llvm"].vfp}
+    cyc = x60.core_cycles(block)
+    assert (cyc.vieu, cyc.vfp, cyc.ime, cyc.vector_issue) == (static["model"].vieu, static["model"].vfp,
+                                                                static["model"].ime, static["model"].vector_issue)

@@ -189,6 +189,8 @@ def _model_charge(m: str, vt: _Vtype) -> float:
         return max(1, -(-vt.vl * int(mm.group(1)) // 8 // 16))
     if re.match(r"v[ls](se|[uo]xei)\d+\.v$", m):
         return vt.vl
+    if mm := re.match(r"vmv(\d)r\.v$", m):  # whole-register move: N registers whatever the vtype
+        return max(1.0, int(mm.group(1)) * VLEN / 128) / 2
     wide = m.startswith(("vfw", "vfncvt", "vw", "vnsr", "vnclip"))
     return max(1.0, (2 if wide else 1) * vt.regs * VLEN / 128) / 2
 
@@ -212,7 +214,8 @@ def _cost(text: str, vt: _Vtype) -> tuple[str, float, float]:
 def tile_block_ops(plan: KernelPlan) -> tuple[AsmOp, ...]:
     """The instructions one (tile, K block) runs: block start, the loop's iterations, fold, block end."""
     I = plan.ime
-    return (*I.acc_zero, *I.prologue, *I.body * I.iterations_per_block, *I.fold, *I.block_end)
+    entry = (AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma"),) if I.entry_vset else ()  # micro_ime.c.j2 sets it
+    return (*I.acc_zero, *I.prologue, *entry, *I.body * I.iterations_per_block, *I.fold, *I.block_end)
 
 
 def walk(texts: list[str], vt: _Vtype | None = None) -> dict[str, Occupancy]:
