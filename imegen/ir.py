@@ -199,8 +199,10 @@ def spread_refusal(spec: KernelSpec) -> str | None:
     a whole-register copy where two registers need the same lanes): more instructions, but LLVM's
     hardware-measured X60 schedule gives an LMUL-4 vrgather 64 cycles of the vector integer unit and
     an LMUL-1 one 4 (docs/ime-isa.md §7)."""
-    if spec.target != "ime" or spec.op != "gemm" or spec.abi != "imegen" or spec.stage_b != "tile":
-        return "spread = per_register changes the fold of IME gemm kernels: it needs target ime, op gemm, abi imegen, stage_b tile"
+    if spec.target != "ime" or spec.op != "gemm" or spec.abi != "imegen":
+        return "spread = per_register changes the fold of IME gemm kernels: it needs target ime, op gemm, abi imegen"
+    if staged(spec):  # staged_b_refusal admits only tiles whose staged fold spreads A scales over LMUL-4 groups
+        return None
     if spec.tile_n != 8 or spec.tile_m not in (4, 8) or spec.tile_m * spec.k_unroll > 16 or not fp32_acc_in_registers(spec):
         return (f"spread = per_register is generated for the two-column-tile fold, with the fp32 accumulators, its index "
                 f"tables and three LMUL-4 groups in registers beside the loop's: tiles 4x8 at k_unroll 2 or 4 and 8x8 at "

@@ -504,6 +504,10 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
 # and of the staging (lane -> column of its tile: the B scale it gets), 32 lanes each.
 STAGED_ROW_INDEX = tuple((lane % 16) // 4 + 4 * mi for mi in range(2) for lane in range(32))
 STAGED_COLUMN_INDEX = tuple(4 * (lane // 16) + lane % 4 for lane in range(32))
+# ... with spread = per_register: one e16 table per register (8 lanes used, 8 padding) for LMUL-1 vrgathers:
+# row tile mi's rows 4mi, 4mi+1 then 4mi+2, 4mi+3 (the lanes of a 4x4 tile's first and second register).
+STAGED_PER_REGISTER_ROW_INDEX = tuple(v for mi in range(2) for j in range(2)
+                                      for v in [4 * mi + 2 * j] * 4 + [4 * mi + 2 * j + 1] * 4 + [0] * 8)
 # Register map of the staged kernels (ir.register_budget): accumulators from v0, then
 B_STAGED, A_STAGED, SCALES_STAGED, TABLES_STAGED = 16, 20, 24, 28
 
@@ -543,10 +547,17 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
              AsmOp("addi", "addi %[b], %[b], 128")]
     vt(4 * ma, "e32", "m1")
     fold.append(AsmOp("vlse32", f"vlse32.v v{B}, (%[sa]), %[sas]", f"A scales, rows 0..{4 * ma - 1}"))
-    vt(None, "e32", "m4")
+    per_register = spec.spread == "per_register"  # STAGED_PER_REGISTER_ROW_INDEX
     for mi in range(ma):
-        fold += [AsmOp("vrgather", f"vrgatherei16.vv v{A}, v{B}, v{T + 2 * mi}", f"A scales of rows {4 * mi}..{4 * mi + 3}, twice"),
-                 AsmOp("vfmul", f"vfmul.vv v{A}, v{A}, v{SB}", "scale_a * scale_b"),
+        if per_register:
+            vt(8, "e32", "m1")
+            fold += [AsmOp("vrgather", f"vrgatherei16.vv v{A + j}, v{B}, v{T + 2 * mi + j}",
+                           f"A scales of rows {4 * mi + 2 * j}-{4 * mi + 2 * j + 1}") for j in range(2)]
+            fold.append(AsmOp("vmv", f"vmv2r.v v{A + 2}, v{A}", "the same rows for column tile 1"))
+        vt(None, "e32", "m4")
+        if not per_register:
+            fold.append(AsmOp("vrgather", f"vrgatherei16.vv v{A}, v{B}, v{T + 2 * mi}", f"A scales of rows {4 * mi}..{4 * mi + 3}, twice"))
+        fold += [AsmOp("vfmul", f"vfmul.vv v{A}, v{A}, v{SB}", "scale_a * scale_b"),
                  AsmOp("vfmacc", f"vfmacc.vv v{facc[mi][0]}, v{acc[mi][0]}, v{A}", f"row tile {mi}, both column tiles")]
     tile_start = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
                   *(AsmOp("vmv", f"vmv.v.i v{r}, 0", "fp32 accumulators") for row in facc for r in row),
@@ -562,7 +573,8 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
         clobbers=tuple(f"v{r}" for r in range(32)), vmadots_per_tile_block=(spec.block // 8) * ma * na,
         facc_floats=ma * na * 16, facc_at=f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4",
         facc_regs=facc, direct_store=direct_store, tile_start=tile_start, block_end=block_end,
-        tile_end=_tile_end(acc, facc, direct_store), index16=STAGED_ROW_INDEX[:32 * ma],
+        tile_end=_tile_end(acc, facc, direct_store),
+        index16=(STAGED_PER_REGISTER_ROW_INDEX if per_register else STAGED_ROW_INDEX)[:32 * ma],
         acc_zero=_acc_zero(4 * ma, on_vfp=True), unrolled=unrolled, entry_vset=True,
         stage=_stage_b(spec, iterations), stage_block_bytes=iterations * 128 + 128, stage_index=STAGED_COLUMN_INDEX,
     )

@@ -44,7 +44,7 @@ def kernel_specs(draw, target=None):
         settings["vlen"] = draw(st.sampled_from([128, 256]))
     if target == "ime" and tm in (4, 8) and tn == 8 and settings["k_unroll"] == 2 and settings["bits"] == 4:
         settings["stage_b"] = draw(st.sampled_from(["tile", "m_block"]))
-        if settings["stage_b"] == "tile" and op == "gemm":
+        if op == "gemm":
             settings["spread"] = draw(st.sampled_from(["group", "per_register"]))
     text = "kernel fuzz {\n" + "".join(f"  {k} = {v}\n" for k, v in settings.items()) + "}\n"
     try:
@@ -209,6 +209,8 @@ def test_large_tiles_keep_fp32_accumulators_in_memory():
     "tile = 8x8  panel = 16  zero_point = asymmetric  scale_type = fp32  scales = inline  block = 32",
     "tile = 4x8  panel = 8  zero_point = symmetric  scale_type = fp16  scales = separate  block = 64  unpack = interleaved  bias = yes",
     "tile = 8x8  panel = 32  zero_point = asymmetric  scale_type = fp16  scales = inline  block = 128",
+    "tile = 8x8  panel = 16  zero_point = asymmetric  scale_type = fp16  scales = inline  block = 32  spread = per_register",
+    "tile = 4x8  panel = 8  zero_point = symmetric  scale_type = fp32  scales = separate  block = 64  spread = per_register",
 ])
 def test_staged_b_over_several_m_blocks(settings):
     """stage_b = m_block unpacks an N tile's B once per M block into the workspace: with the A budget
@@ -254,7 +256,7 @@ def test_spread_per_register_over_many_blocks(settings):
 
 def test_spread_per_register_refuses_what_it_is_not_written_for():
     for text, what in (("tile = 8x16  k_unroll = 2", "tiles 4x8 at k_unroll 2 or 4"), ("tile = 8x8  k_unroll = 4", "8x8 at"),
-                       ("tile = 1x8  op = gemv", "op gemm"), ("tile = 8x8  k_unroll = 2  stage_b = m_block", "stage_b tile")):
+                       ("tile = 1x8  op = gemv", "op gemm"), ("tile = 8x8  abi = mlas", "abi imegen")):
         with pytest.raises(SpecError, match=what):
             specs_from_text(f"kernel s {{ target = ime  compute = int8  bits = 4  {text}  spread = per_register }}")
 
