@@ -261,3 +261,28 @@ def test_plugin_header_is_fetched_for_the_installed_qemu():
     running = re.search(r"version (\d+\.\d+)", subprocess.run([toolchain.QEMU, "--version"], capture_output=True,
                                                              text=True).stdout).group(1)
     assert re.match(rf"qemu=(\d+:)?{re.escape(running)}[.+~]", package), (package, running)
+
+
+@NEEDS_TOOLS
+def test_plugin_and_static_walk_sort_every_kind_alike(plugin_so, tmp_path):
+    """tests/c/perf_kinds_kernel.c holds instructions of every LLVM X60 scheduling kind: the plugin's
+    histogram (decoded from the instruction words) and occupancy.kinds (read from the assembly text)
+    must agree key for key, two decoders written apart."""
+    import re
+
+    from imegen.perf import occupancy
+
+    kobj = toolchain.compile_c([C_DIR / "perf_kinds_kernel.c"], tmp_path / "kernel.o")
+    dobj = toolchain.compile_c([C_DIR / "perf_classify_main.c"], tmp_path / "driver.o", include_dirs=[toolchain.RUNTIME_DIR])
+    eobj = toolchain.compile_ime_emu(tmp_path / "ime_emu.o")
+    exe = toolchain.compile_c([kobj, dobj, eobj], tmp_path / "kinds", extra_flags=["-static", f"-Wl,-Map={tmp_path / 'map'}"])
+    ranges = measure.code_ranges_from_map((tmp_path / "map").read_text(), {str(kobj): "kernel", str(dobj): "excluded",
+                                                                           str(eobj): "excluded"})
+    ranges += [(lo, hi, "image") for lo, hi in measure.exec_segments(exe)]
+    syms = measure.symbols(exe)
+    run = plugin.run_counted(exe, [], ranges, begin=syms["imegen_bench_begin"][0], end=syms["imegen_bench_end"][0])
+    (region,) = run.regions
+    measured = {k[len("kernel."):]: v for k, v in region.values.items() if k.startswith("kernel.occ.") and v}
+    texts = [t.strip() for t in re.findall(r'^\s*"([^"]*?)\\n"', (C_DIR / "perf_kinds_kernel.c").read_text(), re.M)]
+    assert measured == occupancy.kinds(texts)
+    assert {k.split(".")[1] for k in measured} == set(occupancy.KINDS)  # every kind exercised

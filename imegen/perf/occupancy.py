@@ -136,6 +136,8 @@ def _kind(m: str, vt: _Vtype) -> tuple[str, int]:
         return "vmadot", 0
     if mm := re.match(r"v[ls](\d)r(?:e\d+)?\.v$", m):
         return "whole", int(mm.group(1)).bit_length() - 1 + 3
+    if m in ("vlm.v", "vsm.v"):
+        return "mask_ls", 3
     if mm := re.match(r"v([ls])e(\d+)\.v$", m):
         return ("load" if mm.group(1) == "l" else "store"), lb + int(mm.group(2)).bit_length() - vt.sew.bit_length()
     if re.match(r"v[ls]se\d+\.v$", m):
@@ -216,6 +218,21 @@ def tile_block_ops(plan: KernelPlan) -> tuple[AsmOp, ...]:
     I = plan.ime
     entry = (AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma"),) if I.entry_vset else ()  # micro_ime.c.j2 sets it
     return (*I.acc_zero, *I.prologue, *entry, *I.body * I.iterations_per_block, *I.fold, *I.block_end)
+
+
+def kinds(texts: list[str]) -> dict[str, int]:
+    """The plugin's histogram keys ("occ.KIND.bBUCKET") of an instruction sequence, read off its text."""
+    vt, out = _Vtype(), {}
+    for text in texts:
+        if text.startswith("vsetvl "):
+            vt.sew, vt.lmul, vt.vl = 8, "m1", 32
+        elif text.startswith("vset"):
+            vt.set(text)
+        elif text.startswith("v"):
+            kind, bucket = _kind(text.split()[0], vt)
+            key = f"occ.{kind}.b{max(0, min(9, bucket))}"
+            out[key] = out.get(key, 0) + 1
+    return out
 
 
 def walk(texts: list[str], vt: _Vtype | None = None) -> dict[str, Occupancy]:
