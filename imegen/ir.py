@@ -203,11 +203,14 @@ def spread_refusal(spec: KernelSpec) -> str | None:
         return "spread = per_register changes the fold of IME gemm kernels: it needs target ime, op gemm, abi imegen"
     if staged(spec):  # staged_b_refusal admits only tiles whose staged fold spreads A scales over LMUL-4 groups
         return None
-    if spec.tile_n != 8 or spec.tile_m not in (4, 8) or spec.tile_m * spec.k_unroll > 16 or not fp32_acc_in_registers(spec):
-        return (f"spread = per_register is generated for the two-column-tile fold, with the fp32 accumulators, its index "
-                f"tables and three LMUL-4 groups in registers beside the loop's: tiles 4x8 at k_unroll 2 or 4 and 8x8 at "
-                f"k_unroll 2, bits 4, not {spec.tile_m}x{spec.tile_n} at k_unroll {spec.k_unroll}, bits {spec.bits}")
-    return None
+    in_regs = fp32_acc_in_registers(spec)
+    if in_regs and spec.tile_n == 8 and spec.tile_m in (4, 8) and spec.tile_m * spec.k_unroll <= 16:
+        return None  # the two-column-tile fold (plan._paired_column_fold)
+    if not in_regs and zero_points_in_b(spec) and spec.tile_m == 8 and spec.tile_n <= 16:
+        return None  # the column-pair fold of 8-row tiles with fp32 accumulators in memory (plan._column_pair_fold)
+    return (f"spread = per_register is generated for the folds of tiles 4x8 (k_unroll 2 or 4) and 8x8 (k_unroll 2) with "
+            f"the fp32 accumulators in registers, of 8-row tiles up to 16 columns with them in memory, and of staged "
+            f"kernels; not {spec.tile_m}x{spec.tile_n} at k_unroll {spec.k_unroll}, bits {spec.bits}")
 
 
 def staged(spec: KernelSpec) -> bool:

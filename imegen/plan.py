@@ -433,8 +433,8 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     if fold is None and facc and na == 2 and ma <= 2 and t4 + 4 <= 32:
         fold = _paired_column_fold(spec, acc, facc, t4)
         table_loads = (AsmOp("vle16", f"vl4re16.v v{t4}, (%[idx16])", "e16 index tables: lane -> row, lane -> column, for every block"),)
-    # ir.spread_refusal admits only tiles this fold is written for; a fold of another form would not spread per register
-    assert spec.spread == "group" or (fold is not None and any("vmv2r" in op.text for op in fold)), spec.describe()
+    # ir.spread_refusal admits only tiles these folds are written for; another fold would not spread per register
+    assert spec.spread == "group" or (fold is not None and _gathers_per_register(fold)), spec.describe()
     # gemv: the row's fp32 accumulators (one e32 group of TN lanes) in registers above the loop's
     # and the fold's, when they fit: one asm statement then runs all blocks (as for gemm tiles).
     gemv_facc = _gemv_facc_group(spec, acc[0], used) if gemv else None
@@ -609,6 +609,17 @@ def _stage_b(spec: KernelSpec, iterations: int) -> tuple[AsmOp, ...]:
             *((AsmOp("add", "add %[zp], %[zp], %[zps]", "next block's zero points"),) if asym else ()),
             AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b")]
     return tuple(ops)
+
+
+def _gathers_per_register(ops: tuple[AsmOp, ...]) -> bool:
+    """Does every vrgather of ops run at LMUL 1 (spread = per_register)?"""
+    lmul = "m1"
+    for op in ops:
+        if op.kind == "vset":
+            lmul = op.text.split(",")[3].strip()  # vset{i}vli rd, avl, eSEW, mLMUL, ...
+        elif op.kind == "vrgather" and lmul != "m1":
+            return False
+    return True
 
 
 def _tile_end(acc: tuple[tuple[int, ...], ...], facc: tuple[tuple[int, ...], ...], direct_store: bool) -> tuple[AsmOp, ...]:
@@ -854,21 +865,35 @@ def _column_pair_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tup
     base = 4 * na
     SA, SRC, IDXC, SB, F = base, base + 4, base + 6, base + 8, base + 12
     X, IDXR = SB, F  # staging, dead before SB and F are written
+    per_register = spec.spread == "per_register"
     ops: list[AsmOp] = []
     vt = _Vtype(ops)
+
+    def spread(dst: int, src: int, idx: int, what: str) -> None:
+        """One LMUL-2 vrgather, or (spread = per_register) its two LMUL-1 halves: every index is below 8,
+        so one source register serves both (the caller picks it)."""
+        if not per_register:
+            ops.append(AsmOp("vrgather", f"vrgather.vv v{dst}, v{src}, v{idx}", what))
+            return
+        vt(8, "e32", "m1")
+        ops.extend(AsmOp("vrgather", f"vrgather.vv v{dst + h}, v{src}, v{idx + h}", f"{what}, tile rows {2 * h}-{2 * h + 1}")
+                   for h in range(2))
+        vt(16, "e32", "m2")
+
     _fold_prologue(spec, ops, vt, ma, na, tn, SRC, IDXC, X, ("m1", "m2"))
     vt(16, "e32", "m2")
-    ops += [AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{IDXR}, (t1)", "lane -> row r"),
-            AsmOp("vrgather", f"vrgather.vv v{SA}, v{X}, v{IDXR}", "A scales spread, rows 0..3"),
-            AsmOp("vadd", f"vadd.vi v{IDXR}, v{IDXR}, 4", "-> row 4 + r"),
-            AsmOp("vrgather", f"vrgather.vv v{SA + 2}, v{X}, v{IDXR}", "A scales spread, rows 4..7"),
-            AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q")]
+    ops += [AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{IDXR}, (t1)", "lane -> row r")]
+    spread(SA, X, IDXR, "A scales spread, rows 0..3")
+    ops.append(AsmOp("vadd", f"vadd.vi v{IDXR}, v{IDXR}, 4", "-> row 4 + r"))
+    spread(SA + 2, X, IDXR, "A scales spread, rows 4..7")
+    ops.append(AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q"))
     for ni in range(na):
         vt(16, "e32", "m2")
-        if ni:
-            ops.append(AsmOp("vadd", f"vadd.vi v{IDXC}, v{IDXC}, 4", "-> column 4ni + q"))
-        ops += [AsmOp("vrgather", f"vrgather.vv v{SB}, v{SRC}, v{IDXC}", f"B scales spread, cols {4 * ni}..{4 * ni + 3}"),
-                AsmOp("vmv", f"vmv2r.v v{SB + 2}, v{SB}", "again, for the second row tile")]
+        if ni:  # per register, column tiles 2 and 3 read the B scales' second register: back to q
+            step = -4 if per_register and ni == 2 else 4
+            ops.append(AsmOp("vadd", f"vadd.vi v{IDXC}, v{IDXC}, {step}", "-> column 4ni + q" if step > 0 else "-> q, in the next register"))
+        spread(SB, SRC + 1 if per_register and ni >= 2 else SRC, IDXC, f"B scales spread, cols {4 * ni}..{4 * ni + 3}")
+        ops.append(AsmOp("vmv", f"vmv2r.v v{SB + 2}, v{SB}", "again, for the second row tile"))
         vt(None, "e32", "m4")
         ops += [AsmOp("vfmul", f"vfmul.vv v{SB}, v{SB}, v{SA}", "scale_a * scale_b, both row tiles"),
                 AsmOp("addi", f"addi t1, %[facc], {ni * ma * 64}"), AsmOp("vle32", f"vle32.v v{F}, (t1)"),

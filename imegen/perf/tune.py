@@ -122,8 +122,7 @@ def stage2(settings: dict[str, object], *, quick: bool = False) -> list[dict[str
     if str(settings["tile"]) in ("4x8", "8x8") and settings["k_unroll"] == 2:  # what ir.staged_b_refusal allows
         layouts += [{**settings, "panel": p, "scale_type": st, "stage_b": "m_block", **sp} for p in panels for st in ("fp32", "fp16")
                     for sp in ({}, {"spread": "per_register"})]
-    tm, ku = int(str(settings["tile"]).split("x")[0]), int(settings["k_unroll"])
-    if tn == 8 and tm in (4, 8) and tm * ku <= 16:  # what ir.spread_refusal allows
+    if isinstance(validate({**settings, "spread": "per_register"}), KernelSpec):  # what ir.spread_refusal allows
         layouts += [{**settings, "panel": p, "scale_type": st, "spread": "per_register"} for p in panels for st in ("fp32", "fp16")]
     return layouts
 
