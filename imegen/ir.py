@@ -204,13 +204,16 @@ def spread_refusal(spec: KernelSpec) -> str | None:
     if staged(spec):  # staged_b_refusal admits only tiles whose staged fold spreads A scales over LMUL-4 groups
         return None
     in_regs = fp32_acc_in_registers(spec)
-    if in_regs and spec.tile_n == 8 and spec.tile_m in (4, 8) and spec.tile_m * spec.k_unroll <= 16:
-        return None  # the two-column-tile fold (plan._paired_column_fold)
+    # With the fp32 accumulators in registers, the folds that keep their index tables in registers
+    # (plan._paired_column_fold, _grouped_signed_fold) exist up to these sizes; with them in memory, the
+    # column-pair fold of 8-row tiles (plan._column_pair_fold). tests/test_kernels.py plans every setting.
+    if in_regs and max(spec.tile_m, spec.tile_n) <= 12 and spec.tile_m * spec.tile_n * spec.k_unroll <= 128:
+        return None
     if not in_regs and zero_points_in_b(spec) and spec.tile_m == 8 and spec.tile_n <= 16:
-        return None  # the column-pair fold of 8-row tiles with fp32 accumulators in memory (plan._column_pair_fold)
-    return (f"spread = per_register is generated for the folds of tiles 4x8 (k_unroll 2 or 4) and 8x8 (k_unroll 2) with "
-            f"the fp32 accumulators in registers, of 8-row tiles up to 16 columns with them in memory, and of staged "
-            f"kernels; not {spec.tile_m}x{spec.tile_n} at k_unroll {spec.k_unroll}, bits {spec.bits}")
+        return None
+    return (f"spread = per_register is generated for tiles up to 12x12 and TM x TN x k_unroll <= 128 with the fp32 "
+            f"accumulators in registers, 8-row tiles up to 16 columns with them in memory, and staged kernels; not "
+            f"{spec.tile_m}x{spec.tile_n} at k_unroll {spec.k_unroll}" + ("" if in_regs else " with the fp32 accumulators in memory"))
 
 
 def staged(spec: KernelSpec) -> bool:

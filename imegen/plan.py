@@ -433,8 +433,6 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
     if fold is None and facc and na == 2 and ma <= 2 and t4 + 4 <= 32:
         fold = _paired_column_fold(spec, acc, facc, t4)
         table_loads = (AsmOp("vle16", f"vl4re16.v v{t4}, (%[idx16])", "e16 index tables: lane -> row, lane -> column, for every block"),)
-    # ir.spread_refusal admits only tiles these folds are written for; another fold would not spread per register
-    assert spec.spread == "group" or (fold is not None and _gathers_per_register(fold)), spec.describe()
     # gemv: the row's fp32 accumulators (one e32 group of TN lanes) in registers above the loop's
     # and the fold's, when they fit: one asm statement then runs all blocks (as for gemm tiles).
     gemv_facc = _gemv_facc_group(spec, acc[0], used) if gemv else None
@@ -483,6 +481,8 @@ def _ime_plan(spec: KernelSpec) -> ImePlan:
                      AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
         tile_end = (vset, AsmOp("vse32", f"vse32.v v{gemv_facc}, (%[facc])", "the row, for the C epilogue"))
         facc = ((gemv_facc,),)
+    # ir.spread_refusal admits only tiles these folds are written for; another fold would not spread per register
+    assert spec.spread == "group" or _gathers_per_register(fold), spec.describe()
     return ImePlan(
         ma=ma, na=na, acc_regs=acc, prologue=tuple(prologue), body=tuple(ops), fold=fold,
         iterations_per_block=iterations, a_bytes_per_iteration=a_step,
@@ -831,18 +831,33 @@ def _grouped_signed_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], fre
         ops.append(AsmOp("vadd", f"vadd.vi v{dst}, v{base}, {step if tables else 4}", what))
         return dst
 
+    # spread = per_register: LMUL-1 halves of each gather, from the source register holding the 4 scales
+    # (indices relative to it; with the tables kept, every index is the table plus 0 or 4).
+    per_register = spec.spread == "per_register" and tables is not None
+    if spec.spread == "per_register" and not per_register:
+        return None
+
+    def gather(dst: int, src: int, k: int, idx: int, what: str) -> None:
+        if not per_register:
+            ops.append(AsmOp("vrgather", f"vrgather.vv v{dst}, v{src}, v{idx}", what))
+            return
+        vt(8, "e32", "m1")
+        ops.extend(AsmOp("vrgather", f"vrgather.vv v{dst + h}, v{src + k // 2}, v{idx + h}", f"{what}, tile rows {2 * h}-{2 * h + 1}")
+                   for h in range(2))
+        vt(16, "e32", "m2")
+
     if tables:
         IDXR, IDXC = tables
     else:
         ops += [AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{IDXR}, (t1)", "lane -> row r")]
     for mi in range(ma):
-        idx = index(IDXR, 4 * mi, "-> row 4mi + r")
-        ops.append(AsmOp("vrgather", f"vrgather.vv v{SAS[mi]}, v{X}, v{idx}", f"A scales spread, rows {4 * mi}..{4 * mi + 3}"))
+        idx = index(IDXR, 4 * (mi % 2 if per_register else mi), "-> row 4mi + r")
+        gather(SAS[mi], X, mi, idx, f"A scales spread, rows {4 * mi}..{4 * mi + 3}")
     if not tables:
         ops.append(AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q"))
     for ni in range(na):
-        idx = index(IDXC, 4 * ni, "-> column 4ni + q")
-        ops.append(AsmOp("vrgather", f"vrgather.vv v{SB}, v{SRC}, v{idx}", f"B scales spread, cols {4 * ni}..{4 * ni + 3}"))
+        idx = index(IDXC, 4 * (ni % 2 if per_register else ni), "-> column 4ni + q")
+        gather(SB, SRC, ni, idx, f"B scales spread, cols {4 * ni}..{4 * ni + 3}")
         for mi in range(ma):
             vd = acc[mi][ni]
             ops.append(AsmOp("vfmul", f"vfmul.vv v{Y}, v{SAS[mi]}, v{SB}", "scale_a * scale_b"))

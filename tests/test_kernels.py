@@ -237,6 +237,8 @@ def test_staged_b_over_several_m_blocks(settings):
     "tile = 4x8  k_unroll = 4  panel = 16  zero_point = asymmetric  scale_type = fp16  scales = inline  block = 32  unpack = interleaved",
     "tile = 8x16  k_unroll = 2  panel = 16  zero_point = asymmetric  scale_type = fp16  scales = inline  block = 64",  # fp32 acc in memory
     "tile = 8x12  k_unroll = 2  panel = 24  zero_point = symmetric  scale_type = fp32  scales = separate  block = 32  bias = yes",
+    "tile = 4x12  k_unroll = 2  panel = 12  zero_point = asymmetric  scale_type = fp16  scales = inline  block = 32",  # grouped fold
+    "tile = 12x4  k_unroll = 2  panel = 8  zero_point = symmetric  scale_type = fp32  scales = separate  block = 64",
 ])
 def test_spread_per_register_over_many_blocks(settings):
     """spread = per_register spreads the fold's scales by LMUL-1 vrgathers (and whole-register copies):
@@ -246,7 +248,7 @@ def test_spread_per_register_over_many_blocks(settings):
 
     spec = specs_from_text(f"kernel pr {{ target = ime  compute = int8  bits = 4  spread = per_register  {settings} }}")[0]
     plan = plan_kernel(spec)
-    assert _gathers_per_register(plan.ime.fold) and sum(op.kind == "vrgather" for op in plan.ime.fold) >= 6
+    assert _gathers_per_register(plan.ime.fold) and sum(op.kind == "vrgather" for op in plan.ime.fold) >= 4
     cases = make_cases(plan, np.random.default_rng(13), [(11, 21, 9 * spec.block + 5), (8, 16, spec.block)], exact=True)
     for compiler in ("clang", "gcc"):
         for case, result in zip(cases, run_cases(build(plan, compiler=compiler), cases, vlen=256)):
@@ -260,8 +262,26 @@ def test_spread_per_register_over_many_blocks(settings):
     assert not compare(plan, cases[0], bad).ok
 
 
+def test_spread_per_register_is_validated_where_it_is_generated():
+    """Every IME gemm config the validator admits with spread = per_register plans a fold whose vrgathers
+    all run at LMUL 1 (plan_kernel asserts it), over tiles, k_unroll and the layout settings."""
+    import itertools
+
+    admitted = 0
+    for tm, tn, ku, zp, st, sc in itertools.product((4, 8, 12, 16), (4, 8, 12, 16), (1, 2, 4), ("symmetric", "asymmetric"),
+                                                    ("fp32", "fp16"), ("inline", "separate")):
+        try:
+            spec = specs_from_text(f"kernel k {{ target = ime  compute = int8  bits = 4  tile = {tm}x{tn}  panel = {tn}  "
+                                   f"k_unroll = {ku}  zero_point = {zp}  scale_type = {st}  scales = {sc}  spread = per_register }}")[0]
+        except SpecError:
+            continue
+        plan_kernel(spec)
+        admitted += 1
+    assert admitted >= 90
+
+
 def test_spread_per_register_refuses_what_it_is_not_written_for():
-    for text, what in (("tile = 4x16  k_unroll = 2", "tiles 4x8"), ("tile = 16x8  k_unroll = 2", "16x8 at k_unroll 2"),
+    for text, what in (("tile = 4x16  k_unroll = 2", "4x16 at k_unroll 2"), ("tile = 16x8  k_unroll = 2", "16x8 at k_unroll 2"),
                        ("tile = 1x8  op = gemv", "op gemm"), ("tile = 8x8  abi = mlas", "abi imegen")):
         with pytest.raises(SpecError, match=what):
             specs_from_text(f"kernel s {{ target = ime  compute = int8  bits = 4  {text}  spread = per_register }}")
