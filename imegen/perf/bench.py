@@ -280,36 +280,61 @@ def prefill_goal_text(res: BenchResult, p: x60.X60Params = x60.X60) -> str:
     return "\n".join(lines)
 
 
+def has_measured(res: BenchResult) -> bool:
+    """Were every row and every ranked config counted with the plugin's occupancy kinds?"""
+    return all(r.ev.measured for r in res.rows) and all(e.measured for es in res.tuned.ranking.values() for e in es)
+
+
+def best_under_measured(res: BenchResult) -> dict[Case, Evaluation]:
+    """Per case, the config the tuner measured that LLVM's measured occupancies make fastest on 4 cores."""
+    return {c: min(res.tuned.ranking.get(c, [res.get(c, "imegen")]), key=lambda e: (e.measured[1].time_s, e.key))
+            for c in res.cases}
+
+
+def with_imegen(res: BenchResult, evs: dict[Case, Evaluation]) -> BenchResult:
+    """res with imegen's rows replaced by evs."""
+    return BenchResult([Row(r.case, r.kind, evs[r.case]) if r.kind == "imegen" else r for r in res.rows], res.tuned,
+                       res.quick, res.llama, res.ort, res.whole)
+
+
 def measured_text(res: BenchResult) -> str:
     """The sensitivity to LLVM's hardware-measured X60 occupancies: the same counts and DRAM model, the
-    vector units busy for the measured cycles of each instruction instead of the model's beats."""
-    if not all(r.ev.measured for r in res.rows) or not all(e.measured for es in res.tuned.ranking.values() for e in es):
+    vector units busy for the measured cycles of each instruction instead of the model's beats; and
+    the configs the tuner measured that would be best under them."""
+    if not has_measured(res):
         return ""
     lines = ["Sensitivity: LLVM's hardware-measured X60 occupancies (docs/ime-isa.md §7; imegen/perf/occupancy.py) "
              "in place of the model's VLS/VIEU/VFP charges, same counts and DRAM bytes, 4 cores, MODELED. The tuner "
-             "ranks by the model above, not by this:"]
+             "ranks by the model above, not by this; 'best under LLVM occ.' is the best of every config it measured:"]
+    alt = best_under_measured(res)
     head = ["shape", "M", "block", "imegen config", "x roofline", "LLVM occ.", "binds", "llama-4x16 LLVM occ.",
-            "rvv-fp32 LLVM occ.", "best config under LLVM occ.", "its LLVM occ."]
+            "rvv-fp32 LLVM occ.", "best config under LLVM occ.", "its LLVM occ.", "binds"]
     body = []
     for c in res.cases:
-        best = res.get(c, "imegen")
-        m = best.measured[1]
-        alt = min(res.tuned.ranking.get(c, [best]), key=lambda e: (e.measured[1].time_s, e.key))
+        best, m, a = res.get(c, "imegen"), res.get(c, "imegen").measured[1], alt[c].measured[1]
         body.append([c.shape, str(c.M), str(c.block), short_config(best.spec), f"{best.four_cores.efficiency:.2f}",
                      f"{m.efficiency:.2f}", m.bound, *(f"{res.get(c, k).measured[1].efficiency:.2f}" for k in KINDS[1:]),
-                     short_config(alt.spec), f"{alt.measured[1].efficiency:.2f}"])
+                     short_config(alt[c].spec), f"{a.efficiency:.2f}", a.bound])
     lines.append(format_table(head, body, right={1, 2, 4, 5, 7, 8, 10}))
-    cells = [r for r in res.rows if r.kind == "imegen" and r.case.M in PREFILL_M and r.case.shape != "k/v"]
+    cells = [c for c in res.cases if c.M in PREFILL_M and c.shape != "k/v"]
     if cells:
-        lines.append(f"Prefill within {PREFILL_GOAL}x of the roofline under the measured occupancies: "
-                     f"{sum(r.ev.measured[1].efficiency <= PREFILL_GOAL for r in cells)} of {len(cells)} cells "
-                     f"(under the model: {sum(r.ev.four_cores.efficiency <= PREFILL_GOAL for r in cells)}).")
-    sums = token_summaries(res, pick=_measured)
-    if sums:
-        lines.append("Per token, MatMulNBits only, 4 cores, measured occupancies: " + "; ".join(
-            f"block {t.block}: decode " + ", ".join(f"{k} {t.decode_ms[k]:.1f}" for k in KINDS) + " ms/token, pp"
-            + ", pp".join(f"{M} " + ", ".join(f"{k} {t.prefill_tps[M][k]:.1f}" for k in KINDS) for M in PREFILL_M)
-            + " tok/s" for t in sums))
+        within = lambda evs: sum(evs[c].measured[1].efficiency <= PREFILL_GOAL for c in cells)  # noqa: E731
+        lines.append(f"Prefill within {PREFILL_GOAL}x of the roofline under the measured occupancies: the tuned configs "
+                     f"{within({c: res.get(c, 'imegen') for c in cells})} of {len(cells)} cells, the best under them "
+                     f"{within(alt)} (under the model, the tuned ones: "
+                     f"{sum(res.get(c, 'imegen').four_cores.efficiency <= PREFILL_GOAL for c in cells)}).")
+    for label, r in (("tuned configs", res), ("best under LLVM occ.", with_imegen(res, alt))):
+        sums = token_summaries(r, pick=_measured)
+        if sums:
+            lines.append(f"Per token, MatMulNBits only, 4 cores, measured occupancies, imegen's {label}: " + "; ".join(
+                f"block {t.block}: decode " + ", ".join(f"{k} {t.decode_ms[k]:.1f}" for k in KINDS) + " ms/token, pp"
+                + ", pp".join(f"{M} " + ", ".join(f"{k} {t.prefill_tps[M][k]:.1f}" for k in KINDS) for M in PREFILL_M)
+                + " tok/s" for t in sums))
+    if res.llama and not res.quick:
+        t1, tp = llama_real.per_token_s(list(res.llama), DECODE_M), llama_real.per_token_s(list(res.llama), PREFILL_M[-1])
+        if t1 and tp and t1[2] and tp[2]:
+            lines.append(f"llama.cpp's real Q4_0 kernels (block 32), measured occupancies: decode {t1[2] * 1e3:.1f} ms/token, "
+                         f"pp{PREFILL_M[-1]} {PREFILL_M[-1] / tp[2]:.1f} tok/s.")
     return "\n".join(lines)
 
 
@@ -465,6 +490,16 @@ def plot(res: BenchResult, path: Path, p: x60.X60Params = x60.X60) -> Path | Non
             ax.bar([x + (i - 1) * width for x in xs], [s.prefill_tps[M][kind] for s in sums], width,
                    color=colors[kind], label=f"{kind} (modeled)")
         llama_bar(ax, res, sums, width, lambda t: M / t[0], M)
+        if has_measured(res):  # the sensitivity: markers over imegen's bars (and llama.cpp's)
+            xi = [x - width for x in xs]
+            for r, marker, label in ((res, "x", "imegen tuned, LLVM-measured occupancies"),
+                                     (with_imegen(res, best_under_measured(res)), "D", "imegen best under them")):
+                ax.scatter(xi, [t.prefill_tps[M]["imegen"] for t in token_summaries(r, pick=_measured)], marker=marker,
+                           color="k", s=22, zorder=3, label=label)
+            at = next((i for i, t in enumerate(sums) if t.block == 32), None)
+            t = llama_real.per_token_s(list(res.llama), M) if res.llama else None
+            if at is not None and t and t[2]:
+                ax.scatter([at + 2 * width], [M / t[2]], marker="x", color="k", s=22, zorder=3)
         ax.axhline(PUBLISHED_PP512_TPS, color="gray", ls="-.", lw=1,
                    label=f"published: llama.cpp Q4_0 pp512 {PUBLISHED_PP512_TPS} tok/s")
         ax.set_xticks(list(xs), [f"block {s.block}" for s in sums])
