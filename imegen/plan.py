@@ -788,6 +788,18 @@ def _fold_prologue(spec: KernelSpec, ops: list[AsmOp], vt: "_Vtype", ma: int, na
     ops.append(AsmOp("vlse32", f"vlse32.v v{a_dst}, (%[sa]), %[sas]", f"A scales, rows 0..{rows - 1}{where[1]}"))
 
 
+def _spread_16_lanes(ops: list[AsmOp], vt: "_Vtype", per_register: bool, dst: int, src: int, idx: int, what: str) -> None:
+    """One e32 LMUL-2 vrgather (a 4x4 tile's 16 lanes) at the vtype in force, or with spread = per_register
+    its two LMUL-1 halves, which read the one source register `src` (every index relative to it, below 8)."""
+    if not per_register:
+        ops.append(AsmOp("vrgather", f"vrgather.vv v{dst}, v{src}, v{idx}", what))
+        return
+    vt(8, "e32", "m1")
+    ops.extend(AsmOp("vrgather", f"vrgather.vv v{dst + h}, v{src}, v{idx + h}", f"{what}, tile rows {2 * h}-{2 * h + 1}")
+               for h in range(2))
+    vt(16, "e32", "m2")
+
+
 class _Vtype:
     """Appends a vsetvli/vsetivli only when the (vl, SEW, LMUL) asked for differs from the current one."""
 
@@ -837,27 +849,20 @@ def _grouped_signed_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], fre
     if spec.spread == "per_register" and not per_register:
         return None
 
-    def gather(dst: int, src: int, k: int, idx: int, what: str) -> None:
-        if not per_register:
-            ops.append(AsmOp("vrgather", f"vrgather.vv v{dst}, v{src}, v{idx}", what))
-            return
-        vt(8, "e32", "m1")
-        ops.extend(AsmOp("vrgather", f"vrgather.vv v{dst + h}, v{src + k // 2}, v{idx + h}", f"{what}, tile rows {2 * h}-{2 * h + 1}")
-                   for h in range(2))
-        vt(16, "e32", "m2")
-
     if tables:
         IDXR, IDXC = tables
     else:
         ops += [AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{IDXR}, (t1)", "lane -> row r")]
     for mi in range(ma):
         idx = index(IDXR, 4 * (mi % 2 if per_register else mi), "-> row 4mi + r")
-        gather(SAS[mi], X, mi, idx, f"A scales spread, rows {4 * mi}..{4 * mi + 3}")
+        _spread_16_lanes(ops, vt, per_register, SAS[mi], X + (mi // 2 if per_register else 0), idx,
+                         f"A scales spread, rows {4 * mi}..{4 * mi + 3}")
     if not tables:
         ops.append(AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q"))
     for ni in range(na):
         idx = index(IDXC, 4 * (ni % 2 if per_register else ni), "-> column 4ni + q")
-        gather(SB, SRC, ni, idx, f"B scales spread, cols {4 * ni}..{4 * ni + 3}")
+        _spread_16_lanes(ops, vt, per_register, SB, SRC + (ni // 2 if per_register else 0), idx,
+                         f"B scales spread, cols {4 * ni}..{4 * ni + 3}")
         for mi in range(ma):
             vd = acc[mi][ni]
             ops.append(AsmOp("vfmul", f"vfmul.vv v{Y}, v{SAS[mi]}, v{SB}", "scale_a * scale_b"))
@@ -884,30 +889,20 @@ def _column_pair_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...]) -> tup
     ops: list[AsmOp] = []
     vt = _Vtype(ops)
 
-    def spread(dst: int, src: int, idx: int, what: str) -> None:
-        """One LMUL-2 vrgather, or (spread = per_register) its two LMUL-1 halves: every index is below 8,
-        so one source register serves both (the caller picks it)."""
-        if not per_register:
-            ops.append(AsmOp("vrgather", f"vrgather.vv v{dst}, v{src}, v{idx}", what))
-            return
-        vt(8, "e32", "m1")
-        ops.extend(AsmOp("vrgather", f"vrgather.vv v{dst + h}, v{src}, v{idx + h}", f"{what}, tile rows {2 * h}-{2 * h + 1}")
-                   for h in range(2))
-        vt(16, "e32", "m2")
-
     _fold_prologue(spec, ops, vt, ma, na, tn, SRC, IDXC, X, ("m1", "m2"))
     vt(16, "e32", "m2")
     ops += [AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{IDXR}, (t1)", "lane -> row r")]
-    spread(SA, X, IDXR, "A scales spread, rows 0..3")
+    _spread_16_lanes(ops, vt, per_register, SA, X, IDXR, "A scales spread, rows 0..3")
     ops.append(AsmOp("vadd", f"vadd.vi v{IDXR}, v{IDXR}, 4", "-> row 4 + r"))
-    spread(SA + 2, X, IDXR, "A scales spread, rows 4..7")
+    _spread_16_lanes(ops, vt, per_register, SA + 2, X, IDXR, "A scales spread, rows 4..7")
     ops.append(AsmOp("vle32", f"vle32.v v{IDXC}, (%[idx])", "lane -> column q"))
     for ni in range(na):
         vt(16, "e32", "m2")
         if ni:  # per register, column tiles 2 and 3 read the B scales' second register: back to q
             step = -4 if per_register and ni == 2 else 4
             ops.append(AsmOp("vadd", f"vadd.vi v{IDXC}, v{IDXC}, {step}", "-> column 4ni + q" if step > 0 else "-> q, in the next register"))
-        spread(SB, SRC + 1 if per_register and ni >= 2 else SRC, IDXC, f"B scales spread, cols {4 * ni}..{4 * ni + 3}")
+        _spread_16_lanes(ops, vt, per_register, SB, SRC + 1 if per_register and ni >= 2 else SRC, IDXC,
+                         f"B scales spread, cols {4 * ni}..{4 * ni + 3}")
         ops.append(AsmOp("vmv", f"vmv2r.v v{SB + 2}, v{SB}", "again, for the second row tile"))
         vt(None, "e32", "m4")
         ops += [AsmOp("vfmul", f"vfmul.vv v{SB}, v{SB}, v{SA}", "scale_a * scale_b, both row tiles"),

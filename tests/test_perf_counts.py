@@ -35,10 +35,9 @@ EXPECTED_HIST = {"vieu.e0": 3, "vieu.e2": 1, "vfp.e2": 1}
 EXPECTED_MEM = {"vload": (80, 68, 5), "vstore": (128, 32, 8), "vlsx": (16, 4, 1)}  # bytes, elements, beats
 
 
-@pytest.fixture(scope="module")
-def classify_run(plugin_so, tmp_path_factory):
-    d = tmp_path_factory.mktemp("classify")
-    kobj = toolchain.compile_c([C_DIR / "perf_classify_kernel.c"], d / "kernel.o")
+def _count_known_kernel(kernel_source: str, d: Path) -> plugin.PluginRun:
+    """tests/c/KERNEL (tk_kernel) with perf_classify_main.c's driver, counted: one call between the markers."""
+    kobj = toolchain.compile_c([C_DIR / kernel_source], d / "kernel.o")
     dobj = toolchain.compile_c([C_DIR / "perf_classify_main.c"], d / "driver.o", include_dirs=[toolchain.RUNTIME_DIR])
     eobj = toolchain.compile_ime_emu(d / "ime_emu.o")
     exe = toolchain.compile_c([kobj, dobj, eobj], d / "classify", extra_flags=["-static", f"-Wl,-Map={d / 'map'}"])
@@ -47,6 +46,11 @@ def classify_run(plugin_so, tmp_path_factory):
     ranges += [(lo, hi, "image") for lo, hi in measure.exec_segments(exe)]
     syms = measure.symbols(exe)
     return plugin.run_counted(exe, [], ranges, begin=syms["imegen_bench_begin"][0], end=syms["imegen_bench_end"][0])
+
+
+@pytest.fixture(scope="module")
+def classify_run(plugin_so, tmp_path_factory):
+    return _count_known_kernel("perf_classify_kernel.c", tmp_path_factory.mktemp("classify"))
 
 
 @NEEDS_TOOLS
@@ -272,16 +276,7 @@ def test_plugin_and_static_walk_sort_every_kind_alike(plugin_so, tmp_path):
 
     from imegen.perf import occupancy
 
-    kobj = toolchain.compile_c([C_DIR / "perf_kinds_kernel.c"], tmp_path / "kernel.o")
-    dobj = toolchain.compile_c([C_DIR / "perf_classify_main.c"], tmp_path / "driver.o", include_dirs=[toolchain.RUNTIME_DIR])
-    eobj = toolchain.compile_ime_emu(tmp_path / "ime_emu.o")
-    exe = toolchain.compile_c([kobj, dobj, eobj], tmp_path / "kinds", extra_flags=["-static", f"-Wl,-Map={tmp_path / 'map'}"])
-    ranges = measure.code_ranges_from_map((tmp_path / "map").read_text(), {str(kobj): "kernel", str(dobj): "excluded",
-                                                                           str(eobj): "excluded"})
-    ranges += [(lo, hi, "image") for lo, hi in measure.exec_segments(exe)]
-    syms = measure.symbols(exe)
-    run = plugin.run_counted(exe, [], ranges, begin=syms["imegen_bench_begin"][0], end=syms["imegen_bench_end"][0])
-    (region,) = run.regions
+    (region,) = _count_known_kernel("perf_kinds_kernel.c", tmp_path).regions
     measured = {k[len("kernel."):]: v for k, v in region.values.items() if k.startswith("kernel.occ.") and v}
     texts = [t.strip() for t in re.findall(r'^\s*"([^"]*?)\\n"', (C_DIR / "perf_kinds_kernel.c").read_text(), re.M)]
     assert measured == occupancy.kinds(texts)
