@@ -137,3 +137,18 @@ def test_settings_round_trip_through_the_validator_with_stage_b():
         spec = tune.validate(st)
         assert tune.settings_of(spec) == {**st, **({"stage_b": "m_block"} if st.get("stage_b") == "m_block" else {})}
         assert ("staged" in short_config(spec)) == (spec.stage_b == "m_block")
+
+
+@NEEDS_TOOLS
+def test_tuner_ranks_by_measured_occupancies_on_request(plugin_so):
+    """`imegen tune --occupancy measured`: the same counts, ranked with LLVM's measured X60 occupancies.
+    At a block-32 prefill shape the model prefers the one-gather fold (fewer instructions through the
+    one vector issue slot); the measured occupancies charge its LMUL-4 vrgathers 64 cycles each and
+    prefer the per-register spreads."""
+    targets = [tune.Case("q/o", 128, 896, 896, 32)]
+    candidates = {32: [_settings(tile="8x8", panel=16), _settings(tile="8x8", panel=16, spread="per_register")]}
+    model, measured = (tune.search(targets, candidates=candidates, measured=m) for m in (False, True))
+    assert model.best[targets[0]].spec.spread == "group" and measured.best[targets[0]].spec.spread == "per_register"
+    assert "measured occupancies" in measured.spec_file() and "--occupancy measured" in measured.spec_file()
+    e = measured.best[targets[0]]
+    assert e.measured[1].time_s < measured.ranking[targets[0]][1].measured[1].time_s

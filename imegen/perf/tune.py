@@ -145,16 +145,23 @@ class Evaluation:
     one_core: x60.Modeled
     four_cores: x60.Modeled
     # The same on 1 and 4 cores with the vector units' cycles from LLVM's hardware-measured X60
-    # occupancies (x60.core_cycles(measured=True)): a sensitivity the ranking does not use.
+    # occupancies (x60.core_cycles(measured=True)): the bench's sensitivity; search(measured=True) ranks by it.
     measured: tuple[x60.Modeled, x60.Modeled] | None = None
 
-    @property
-    def key(self) -> tuple:
+    def times(self, measured: bool = False) -> tuple[x60.Modeled, x60.Modeled]:
+        """(1 core, 4 cores) under the model, or under LLVM's measured occupancies."""
+        return self.measured if measured else (self.one_core, self.four_cores)
+
+    def rank_key(self, measured: bool = False) -> tuple:
         """Modeled time on 4 cores, then on 1 core, then core-side time on 1 core (headroom when
         DRAM-bound), then the one-gather spread (fewer instructions for the same modeled time), then
         the spec text: a total order, so the choice is deterministic."""
-        return (self.four_cores.time_s, self.one_core.time_s, self.one_core.core_s, self.spec.spread != "group",
-                spec_text("k", settings_of(self.spec)))
+        one, four = self.times(measured)
+        return (four.time_s, one.time_s, one.core_s, self.spec.spread != "group", spec_text("k", settings_of(self.spec)))
+
+    @property
+    def key(self) -> tuple:
+        return self.rank_key()
 
 
 def settings_of(spec: KernelSpec) -> dict[str, object]:
@@ -208,13 +215,17 @@ class TuneResult:
     ranking: dict[Case, list[Evaluation]]  # every evaluated config, best first
     refused: list[tuple[str, str]]  # (config name, validator message)
     evaluated: int
+    measured: bool = False  # ranked under LLVM's measured X60 occupancies (search(measured=True))
 
     def spec_file(self) -> str:
-        lines = ["# imegen tune: best IME config per Qwen2.5-0.5B MatMulNBits shape under the X60 cost model",
-                 "# (modeled, not measured on hardware; see imegen/perf/x60.py). Regenerate with `imegen tune`.", ""]
+        how = (" with LLVM's hardware-measured occupancies for the vector units" if self.measured else "")
+        lines = [f"# imegen tune: best IME config per Qwen2.5-0.5B MatMulNBits shape under the X60 cost model{how}",
+                 "# (modeled, not measured on hardware; see imegen/perf/x60.py). Regenerate with `imegen tune"
+                 + (" --occupancy measured`." if self.measured else "`."), ""]
         for case, e in self.best.items():
-            lines.append(f"# {case.label}: N={case.N} K={case.K}; modeled {e.four_cores.time_s * 1e3:.4f} ms on 4 cores, "
-                         f"{e.one_core.time_s * 1e3:.4f} ms on 1 core")
+            one, four = e.times(self.measured)
+            lines.append(f"# {case.label}: N={case.N} K={case.K}; modeled {four.time_s * 1e3:.4f} ms on 4 cores, "
+                         f"{one.time_s * 1e3:.4f} ms on 1 core")
             lines.append(spec_text(case.ident, settings_of(e.spec)))
         return "\n".join(lines)
 
@@ -223,17 +234,18 @@ class TuneResult:
             "evaluated": self.evaluated,
             "refused": [{"config": n, "reason": r} for n, r in self.refused],
             "cases": [{"case": c.label, "kernel": c.ident, "M": c.M, "N": c.N, "K": c.K, "block": c.block,
-                       "best": settings_of(e.spec), "ms_4_cores": e.four_cores.time_s * 1e3,
-                       "ms_1_core": e.one_core.time_s * 1e3,
-                       "top": [{"config": r.spec.name, "ms_4_cores": r.four_cores.time_s * 1e3,
-                                "ms_1_core": r.one_core.time_s * 1e3} for r in self.ranking[c][:5]]}
+                       "best": settings_of(e.spec), "ms_4_cores": e.times(self.measured)[1].time_s * 1e3,
+                       "ms_1_core": e.times(self.measured)[0].time_s * 1e3,
+                       "top": [{"config": r.spec.name, "ms_4_cores": r.times(self.measured)[1].time_s * 1e3,
+                                "ms_1_core": r.times(self.measured)[0].time_s * 1e3} for r in self.ranking[c][:5]]}
                       for c, e in self.best.items()],
         }
 
 
 def search(targets: list[Case], *, quick: bool = False, jobs: int = 1, log=None,
-           candidates: dict[int, list[dict[str, object]]] | None = None) -> TuneResult:
-    """Two-stage search; `candidates` (block -> settings) replaces stage 1 (used by tests)."""
+           candidates: dict[int, list[dict[str, object]]] | None = None, measured: bool = False) -> TuneResult:
+    """Two-stage search; `candidates` (block -> settings) replaces stage 1 (used by tests); measured: rank
+    (stage-1 leaders and the winners) under LLVM's measured occupancies instead of the model's charges."""
     refused: list[tuple[str, str]] = []
     seen: dict[str, KernelSpec] = {}
 
@@ -254,19 +266,23 @@ def search(targets: list[Case], *, quick: bool = False, jobs: int = 1, log=None,
     blocks = sorted({c.block for c in targets})
     first = []
     for b in blocks:
-        first += admit(candidates[b] if candidates is not None else stage1(b, quick=quick))
+        base = candidates[b] if candidates is not None else stage1(b, quick=quick)
+        if measured and candidates is None:  # there the fold's spread decides the leaders: stage 1 sees both
+            base = base + [{**st, "spread": "per_register"} for st in base
+                           if isinstance(validate({**st, "spread": "per_register"}), KernelSpec)]
+        first += admit(base)
     if log:
         log(f"tune: stage 1: {len(first)} valid configs, {len(refused)} refused by the validator")
     results = evaluate(first, targets, jobs=jobs, log=log)
 
     def ranking(case: Case) -> list[Evaluation]:
-        ranked = sorted((e for (_, c), e in results.items() if c == case), key=lambda e: e.key)
+        ranked = sorted((e for (_, c), e in results.items() if c == case), key=lambda e: e.rank_key(measured))
         if not ranked:
             return ranked
         # 4-core times within TIE of the best are a tie in this model: the 1-core time decides.
-        cut = ranked[0].four_cores.time_s * (1 + TIE)
-        tied = [e for e in ranked if e.four_cores.time_s <= cut]
-        return sorted(tied, key=lambda e: (e.one_core.time_s, e.key)) + ranked[len(tied):]
+        cut = ranked[0].times(measured)[1].time_s * (1 + TIE)
+        tied = [e for e in ranked if e.times(measured)[1].time_s <= cut]
+        return sorted(tied, key=lambda e: (e.times(measured)[0].time_s, e.rank_key(measured))) + ranked[len(tied):]
 
     if candidates is None:
         top = [r.spec for c in targets for r in ranking(c)[:1 if quick else 2]]
@@ -275,7 +291,7 @@ def search(targets: list[Case], *, quick: bool = False, jobs: int = 1, log=None,
             log(f"tune: stage 2: {len(second)} layout variants of the stage-1 leaders")
         results.update(evaluate(second, targets, jobs=jobs, log=log))
     ranks = {c: ranking(c) for c in targets}
-    return TuneResult({c: ranks[c][0] for c in targets}, ranks, refused, len(seen))
+    return TuneResult({c: ranks[c][0] for c in targets}, ranks, refused, len(seen), measured)
 
 
 def write_outputs(result: TuneResult, out_dir: Path) -> list[Path]:
