@@ -297,6 +297,11 @@ def with_imegen(res: BenchResult, evs: dict[Case, Evaluation]) -> BenchResult:
                        res.quick, res.llama, res.ort, res.whole)
 
 
+RANKED_BY = {"model": "ranks by the model above, not by this",
+             "measured": "ranks by this, not by the model above",
+             "robust": "ranks each config by the slower of this and the model above (tune.RANKINGS)"}
+
+
 def measured_text(res: BenchResult) -> str:
     """The sensitivity to LLVM's hardware-measured X60 occupancies: the same counts and DRAM model, the
     vector units busy for the measured cycles of each instruction instead of the model's beats; and
@@ -305,7 +310,7 @@ def measured_text(res: BenchResult) -> str:
         return ""
     lines = ["Sensitivity: LLVM's hardware-measured X60 occupancies (docs/ime-isa.md §7; imegen/perf/occupancy.py) "
              "in place of the model's VLS/VIEU/VFP charges, same counts and DRAM bytes, 4 cores, MODELED. The tuner "
-             "ranks by the model above, not by this; 'best under LLVM occ.' is the best of every config it measured:"]
+             f"{RANKED_BY[res.tuned.by]}; 'best under LLVM occ.' is the best of every config it measured:"]
     alt = best_under_measured(res)
     head = ["shape", "M", "block", "imegen config", "x roofline", "LLVM occ.", "binds", "llama-4x16 LLVM occ.",
             "rvv-fp32 LLVM occ.", "best config under LLVM occ.", "its LLVM occ.", "binds"]
