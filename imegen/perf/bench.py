@@ -246,19 +246,22 @@ def summary_text(res: BenchResult, p: x60.X60Params = x60.X60) -> str:
 PREFILL_GOAL = 1.5  # issue 10: prefill (M 128 and 512, every shape but k/v) within 1.5x of the roofline on 4 cores
 
 
-def prefill_goal_text(res: BenchResult, p: x60.X60Params = x60.X60) -> str:
+def prefill_goal_text(res: BenchResult, p: x60.X60Params = x60.X60, measured: bool = False) -> str:
     """How many prefill cells the tuned kernels bring within PREFILL_GOAL x of the roofline, and for each
     other one what binds, its load per vmadot (or its DRAM bytes) against what the goal allows, and a
     floor: the VLS cycles the tile's A and B operand loads (and fp32 accumulator round trips) alone
-    take per vmadot, or the fewest DRAM bytes any schedule of the kernel's kind moves (x60.least_dram)."""
+    take per vmadot, or the fewest DRAM bytes any schedule of the kernel's kind moves (x60.least_dram).
+    measured: the same under LLVM's measured occupancies (the sensitivity's times)."""
     cells = [r for r in res.rows if r.kind == "imegen" and r.case.M in PREFILL_M and r.case.shape != "k/v"]
-    if not cells:
+    if not cells or (measured and not all(r.ev.measured for r in cells)):
         return ""
-    over = [r for r in cells if r.ev.four_cores.efficiency > PREFILL_GOAL]
+    four = (lambda ev: ev.measured[1]) if measured else (lambda ev: ev.four_cores)  # noqa: E731
+    over = [r for r in cells if four(r.ev).efficiency > PREFILL_GOAL]
+    view = "under LLVM's measured occupancies" if measured else "under the model"
     lines = [f"Prefill within {PREFILL_GOAL}x of the roofline (M {', '.join(map(str, PREFILL_M))}, every shape but k/v, "
-             f"4 cores, MODELED): {len(cells) - len(over)} of {len(cells)} cells."]
+             f"4 cores, MODELED {view}): {len(cells) - len(over)} of {len(cells)} cells."]
     for r in over:
-        m, c, s = r.ev.four_cores, r.case, r.ev.spec
+        m, c, s = four(r.ev), r.case, r.ev.spec
         plan = plan_kernel(s)
         where = f"  {c.shape} M {c.M} block {c.block} ({m.efficiency:.2f}x, {short_config(s)}): "
         dram_allowed, floor = PREFILL_GOAL * m.roofline_s * p.dram_effective, x60.least_dram(plan, *c.mnk, p)
@@ -394,7 +397,7 @@ def report(res: BenchResult, refused_note: bool = True) -> str:
         parts += ["", ort_model.method_text(res.whole),
                   "Whole model, instructions MEASURED (extrapolated in layers), times MODELED:",
                   ort_model.table(res.whole, llama_real.calibration(list(res.llama)) if res.llama else "")]
-    goal = prefill_goal_text(res)
+    goal = "\n".join(t for t in (prefill_goal_text(res), prefill_goal_text(res, measured=True)) if t)
     if goal:
         parts += ["", goal]
     measured = measured_text(res)
