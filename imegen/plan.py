@@ -149,6 +149,7 @@ class KernelPlan:
     k_lo: str  # C expr in kp: first k of byte-row kp (rvv/scalar)
     k_hi: str  # ... second k (4-bit only)
     a_index: str  # C expr in m, k, Kpad: byte/element offset of A[m][k] in the workspace
+    a_scale_group: int  # A's block scales by groups of this many rows (_a_scale_group; 1: row-major)
     a_rows_padded_to: int
     a_tail_pad: int  # extra workspace bytes read past the last row (IME gemv loads 32 bytes)
     rvv: RvvTypes | None
@@ -156,6 +157,12 @@ class KernelPlan:
     budget: dict
     a_block_bytes: int = A_BLOCK_BYTES
     forced_k_chunks: int = 0  # 0: each call picks its K chunks (k_chunks()); n: always n (counting runs)
+
+    @property
+    def a_scale_index(self) -> str:
+        """C expr in m, blk, kb: the element offset of A row m's block-blk scale."""
+        g = self.a_scale_group
+        return "m * kb + blk" if g == 1 else f"((m / {g}) * kb + blk) * {g} + m % {g}"
 
     @property
     def name(self) -> str:
@@ -546,7 +553,7 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
     fold += [AsmOp("vle32", f"vl4re32.v v{SB}, (%[b])", "staged B scales, spread over a row tile's lanes"),
              AsmOp("addi", "addi %[b], %[b], 128")]
     vt(4 * ma, "e32", "m1")
-    fold.append(AsmOp("vlse32", f"vlse32.v v{B}, (%[sa]), %[sas]", f"A scales, rows 0..{4 * ma - 1}"))
+    fold.append(AsmOp("vle32", f"vle32.v v{B}, (%[sa])", f"A scales, rows 0..{4 * ma - 1} (adjacent: _a_scale_group)"))
     per_register = spec.spread == "per_register"  # STAGED_PER_REGISTER_ROW_INDEX
     for mi in range(ma):
         if per_register:
@@ -563,7 +570,7 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
                   *(AsmOp("vmv", f"vmv.v.i v{r}, 0", "fp32 accumulators") for row in facc for r in row),
                   AsmOp("vle16", f"vl{2 * ma}re16.v v{T}, (%[idx16])", "e16 row tables, for every block"),
                   AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
-    block_end = (AsmOp("addi", "addi %[sa], %[sa], 4", "next block's A scales"),
+    block_end = (AsmOp("addi", f"addi %[sa], %[sa], {4 * 4 * ma}", "next block's A scales"),
                  AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
     direct_store = not spec.bias
     return ImePlan(
@@ -575,7 +582,7 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
         facc_regs=facc, direct_store=direct_store, tile_start=tile_start, block_end=block_end,
         tile_end=_tile_end(acc, facc, direct_store),
         index16=(STAGED_PER_REGISTER_ROW_INDEX if per_register else STAGED_ROW_INDEX)[:32 * ma],
-        acc_zero=_acc_zero(4 * ma, on_vfp=True), unrolled=unrolled, entry_vset=True,
+        acc_zero=_acc_zero(4 * ma, on_vfp=True, halves=per_register), unrolled=unrolled, entry_vset=True,
         stage=_stage_b(spec, iterations), stage_block_bytes=iterations * 128 + 128, stage_index=STAGED_COLUMN_INDEX,
     )
 
@@ -659,16 +666,21 @@ def _sets_vtype_first(body: list[AsmOp]) -> bool:
     return False
 
 
-def _acc_zero(n_regs: int, on_vfp: bool) -> tuple[AsmOp, ...]:
+def _acc_zero(n_regs: int, on_vfp: bool, halves: bool = False) -> tuple[AsmOp, ...]:
     """The int32 accumulators = 0, one instruction per LMUL-8 group. `on_vfp` (the gemm folds leave
     ft1 alone): as +0.0f splats, whose bits are 0, so the FP unit does it while the integer unit
-    unpacks B."""
+    unpacks B. `halves`: each group's first half on the integer unit, its second on the FP unit (the
+    staged fold with per-register spreads, whose FP unit is as busy as its load unit and whose integer
+    unit idles: LLVM's X60 schedule charges vfmv.v.f and vmv.v.i at LMUL 8 16 cycles each,
+    docs/ime-isa.md §7; its LMUL-4 gathers keep the integer unit busy, so there they stay on the FP unit)."""
     ops: list[AsmOp] = [AsmOp("fmv", "fmv.w.x ft1, zero", "+0.0f")] if on_vfp else []
     vt = _Vtype(ops)
     for first, g in acc_groups(n_regs):
-        vt(None, "e32", f"m{g}")
-        what = f"int32 accumulators v{first}-v{first + g - 1}"
-        ops.append(AsmOp("vfmv", f"vfmv.v.f v{first}, ft1", what) if on_vfp else AsmOp("vmv", f"vmv.v.i v{first}, 0", what))
+        parts = ((first, g // 2, False), (first + g // 2, g // 2, True)) if halves and g > 1 else ((first, g, on_vfp),)
+        for r, n, fp in parts:
+            vt(None, "e32", f"m{n}")
+            what = f"int32 accumulators v{r}-v{r + n - 1}"
+            ops.append(AsmOp("vfmv", f"vfmv.v.f v{r}, ft1", what) if fp else AsmOp("vmv", f"vmv.v.i v{r}, 0", what))
     return tuple(ops)
 
 
@@ -1127,6 +1139,14 @@ def _gemv_fold(spec: KernelSpec, row: tuple[int, ...], facc: int | None = None) 
     return tuple(ops)
 
 
+def _a_scale_group(spec: KernelSpec) -> int:
+    """A's block scales are row-major [Mpad][k_blocks], so a tile's rows are a strided load apart;
+    the staged fold instead reads a tile's TM scales of one block with one unit-stride load
+    ([Mpad / TM][k_blocks][TM]): LLVM's X60 schedule charges a strided load VLMAX cycles (8 at e32)
+    and a unit-stride one 3 (docs/ime-isa.md §7)."""
+    return spec.tile_m if spec.target == "ime" and staged(spec) else 1
+
+
 def plan_kernel(spec: KernelSpec) -> KernelPlan:
     k_lo, k_hi = _k_pair(spec)
     a_index, rows_pad, tail = _a_index(spec)
@@ -1137,6 +1157,7 @@ def plan_kernel(spec: KernelSpec) -> KernelPlan:
         k_lo=k_lo,
         k_hi=k_hi,
         a_index=a_index,
+        a_scale_group=_a_scale_group(spec),
         a_rows_padded_to=rows_pad,
         a_tail_pad=tail,
         rvv=_rvv_types(spec) if spec.target == "rvv" else None,
