@@ -335,9 +335,16 @@ SLOW_BUILD = textwrap.dedent("""
 """)
 
 
+def _sigterm_deliverable():
+    """As a service manager starts a process: SIGTERM at its default, not blocked (a CI runner may hand it down blocked)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
 def test_sigterm_removes_unfinished_entries_and_terminates(private_cache):
     proc = subprocess.Popen([sys.executable, "-c", SLOW_BUILD], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "IMEGEN_CACHE_DIR": str(private_cache)})
+                            text=True, env={**os.environ, "IMEGEN_CACHE_DIR": str(private_cache)},
+                            preexec_fn=_sigterm_deliverable)
     assert proc.stdout.readline() == "ready\n"
     assert any(".tmp-" in p.name for p in private_cache.iterdir())
     proc.send_signal(signal.SIGTERM)

@@ -331,9 +331,12 @@ def test_sigint_during_check_exits_130_without_traceback(tmp_path):
     spec = tmp_path / "slow.imegen"  # fresh kernels, so their builds are not cached and take a while
     spec.write_text("".join(f"kernel k{time.time_ns()}_{i} {{ target = rvv }}\n" for i in range(3)))
     root = Path(__file__).resolve().parent.parent
-    # As from a terminal: SIGINT at its default (a shell's background job would start with it ignored).
+    def as_from_a_terminal():  # SIGINT at its default and deliverable: a shell's background job starts with it
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # ignored, and a CI runner may hand it down blocked
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
     p = subprocess.Popen([sys.executable, "-m", "imegen", "check", str(spec)], cwd=root, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal)
     first = p.stderr.readline()  # the progress line: the run is under way
     assert first.startswith("[1/3]"), first
     for _ in range(3):  # Python can lose a signal that lands in a finalizer ("Exception ignored"): press again
