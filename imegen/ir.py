@@ -43,6 +43,7 @@ class KernelSpec:
     scale_type: str = "fp32"  # packed-B scales: fp32 (ORT's) | fp16 (half the scale bytes, int8 compute only)
     stage_b: str = "tile"  # int4 B unpacked by each tile | once per M block into the workspace (staged_b_refusal)
     spread: str = "group"  # the fold spreads scales over the accumulator lanes by one vrgather per LMUL-4 group | per register (spread_refusal)
+    a_scale_type: str = "fp32"  # A's block scales: fp32 (MLAS CompInt8) | fp16, rounded up, A quantized with it (a_fp16_refusal)
     source: Span | None = field(default=None, compare=False)
 
     def describe(self) -> str:
@@ -55,6 +56,7 @@ class KernelSpec:
             f"panel={self.panel} scales={self.scales} scale_type={self.scale_type} abi={self.abi}"
             + (f" stage_b={self.stage_b}" if self.stage_b != "tile" else "")
             + (f" spread={self.spread}" if self.spread != "group" else "")
+            + (f" a_scale_type={self.a_scale_type}" if self.a_scale_type != "fp32" else "")
         )
 
 
@@ -77,6 +79,7 @@ _CHOICES: dict[str, tuple[str, object]] = {
     "scale_type": ("scale_type", ("fp32", "fp16")),
     "stage_b": ("stage_b", ("tile", "m_block")),
     "spread": ("spread", ("group", "per_register")),
+    "a_scale_type": ("a_scale_type", ("fp32", "fp16")),
 }
 
 # Ranges of the free-form numbers (the other numeric settings are choices above), with why.
@@ -216,6 +219,22 @@ def spread_refusal(spec: KernelSpec) -> str | None:
             f"{spec.tile_m}x{spec.tile_n} at k_unroll {spec.k_unroll}" + ("" if in_regs else " with the fp32 accumulators in memory"))
 
 
+def a_fp16_refusal(spec: KernelSpec) -> str | None:
+    """Why `a_scale_type = fp16` cannot be generated for spec (None: it can). Each A block's scale is
+    max|a| / 127 rounded up to an fp16 value and A is quantized with exactly that scale (codes stay
+    within +-127; an A block above 127 x 65504 has no such scale, and matmul returns
+    IMEGEN_ERR_RANGE). The staged fold then multiplies the two fp16 scales with one widening
+    vfwmul (Zvfh, which the X60 has: docs/ime-isa.md §5) into their exact fp32 product, where fp32
+    A scales need the B scales widened (vfwcvt) and multiplied in fp32; its spreads run at e16, so
+    the spread B scales take half the bytes."""
+    if not staged(spec) or spec.scale_type != "fp16":
+        return ("a_scale_type = fp16 is generated for the staged fold (stage_b = m_block) with fp16 B scales "
+                "(scale_type = fp16): vfwmul multiplies two fp16 scales")
+    if spec.spread != "group":
+        return "a_scale_type = fp16 spreads its e16 scales by LMUL-1 gathers already; remove 'spread'"
+    return None
+
+
 def staged(spec: KernelSpec) -> bool:
     return spec.stage_b == "m_block"
 
@@ -314,6 +333,10 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
         why = spread_refusal(spec)
         if why:
             refuse("spread", why)
+    if spec.a_scale_type == "fp16":
+        why = a_fp16_refusal(spec)
+        if why:
+            refuse("a_scale_type", why)
     if spec.op == "gemv" and spec.tile_m != 1:
         refuse("tile", f"a gemv kernel computes one row at a time, so its tile must be 1xN, not {spec.tile_m}x{spec.tile_n}")
     if spec.panel % spec.tile_n:

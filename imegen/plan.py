@@ -165,6 +165,17 @@ class KernelPlan:
         return "m * kb + blk" if g == 1 else f"((m / {g}) * kb + blk) * {g} + m % {g}"
 
     @property
+    def a_scale_ctype(self) -> str:
+        """The C type of A's block scales in the workspace: fp32, or fp16 bits (a_scale_type)."""
+        return "uint16_t" if self.spec.a_scale_type == "fp16" else "float"
+
+    @property
+    def a_scale_row_bytes(self) -> str:
+        """C expr in kb: bytes between consecutive rows' scales of one block (within a group: adjacent)."""
+        size = f"sizeof({self.a_scale_ctype})"
+        return size if self.a_scale_group > 1 else f"kb * {size}"
+
+    @property
     def name(self) -> str:
         return self.spec.name
 
@@ -515,6 +526,8 @@ STAGED_COLUMN_INDEX = tuple(4 * (lane // 16) + lane % 4 for lane in range(32))
 # row tile mi's rows 4mi, 4mi+1 then 4mi+2, 4mi+3 (the lanes of a 4x4 tile's first and second register).
 STAGED_PER_REGISTER_ROW_INDEX = tuple(v for mi in range(2) for j in range(2)
                                       for v in [4 * mi + 2 * j] * 4 + [4 * mi + 2 * j + 1] * 4 + [0] * 8)
+# ... with a_scale_type = fp16: one e16 table per row tile for an LMUL-1 gather over a 4x4 tile's 16 lanes.
+STAGED_FP16_ROW_INDEX = tuple(4 * mi + lane // 4 for mi in range(2) for lane in range(16))
 # Register map of the staged kernels (ir.register_budget): accumulators from v0, then
 B_STAGED, A_STAGED, SCALES_STAGED, TABLES_STAGED = 16, 20, 24, 28
 
@@ -550,11 +563,42 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
     for first, g in acc_groups(4 * ma):
         vt(None, "e32", f"m{g}")
         fold.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
+    a_fp16 = spec.a_scale_type == "fp16"
+    per_register = spec.spread == "per_register"  # STAGED_PER_REGISTER_ROW_INDEX
+    (_staged_fp16_fold if a_fp16 else _staged_fp32_fold)(ma, acc, facc, vt, per_register)
+    tile_start = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
+                  *(AsmOp("vmv", f"vmv.v.i v{r}, 0", "fp32 accumulators") for row in facc for r in row),
+                  AsmOp("vle16", f"vl{ma if a_fp16 else 2 * ma}re16.v v{T}, (%[idx16])", "e16 row tables, for every block"),
+                  AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
+    block_end = (AsmOp("addi", f"addi %[sa], %[sa], {(2 if a_fp16 else 4) * 4 * ma}", "next block's A scales"),
+                 AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
+    direct_store = not spec.bias
+    return ImePlan(
+        ma=ma, na=na, acc_regs=acc, prologue=(), body=tuple(body), fold=tuple(fold),
+        iterations_per_block=iterations, a_bytes_per_iteration=ku * ma * 32,
+        b_stride=spec.panel * 8, b_walk=iterations * spec.panel * 8,
+        clobbers=tuple(f"v{r}" for r in range(32)), vmadots_per_tile_block=(spec.block // 8) * ma * na,
+        facc_floats=ma * na * 16, facc_at=f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4",
+        facc_regs=facc, direct_store=direct_store, tile_start=tile_start, block_end=block_end,
+        tile_end=_tile_end(acc, facc, direct_store),
+        index16=(STAGED_FP16_ROW_INDEX[:16 * ma] if a_fp16 else
+                 (STAGED_PER_REGISTER_ROW_INDEX if per_register else STAGED_ROW_INDEX)[:32 * ma]),
+        acc_zero=_acc_zero(4 * ma, on_vfp=True, halves=per_register or a_fp16), unrolled=unrolled, entry_vset=True,
+        stage=_stage_b(spec, iterations), stage_block_bytes=iterations * 128 + (64 if a_fp16 else 128),
+        stage_index=STAGED_COLUMN_INDEX,
+    )
+
+
+def _staged_fp32_fold(ma: int, acc, facc, vt: "_Vtype", per_register: bool) -> None:
+    """fp32 A scales (appended through vt): the spread B scales (fp32, 128 B) and the tile's A scales
+    loaded, then per row tile the A scales spread (one LMUL-4 gather, or LMUL-1 ones with spread =
+    per_register), multiplied by the B scales and the dots accumulated."""
+    B, A, SB, T = B_STAGED, A_STAGED, SCALES_STAGED, TABLES_STAGED
+    fold = vt.ops
     fold += [AsmOp("vle32", f"vl4re32.v v{SB}, (%[b])", "staged B scales, spread over a row tile's lanes"),
              AsmOp("addi", "addi %[b], %[b], 128")]
     vt(4 * ma, "e32", "m1")
     fold.append(AsmOp("vle32", f"vle32.v v{B}, (%[sa])", f"A scales, rows 0..{4 * ma - 1} (adjacent: _a_scale_group)"))
-    per_register = spec.spread == "per_register"  # STAGED_PER_REGISTER_ROW_INDEX
     for mi in range(ma):
         if per_register:
             vt(8, "e32", "m1")
@@ -566,31 +610,35 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
             fold.append(AsmOp("vrgather", f"vrgatherei16.vv v{A}, v{B}, v{T + 2 * mi}", f"A scales of rows {4 * mi}..{4 * mi + 3}, twice"))
         fold += [AsmOp("vfmul", f"vfmul.vv v{A}, v{A}, v{SB}", "scale_a * scale_b"),
                  AsmOp("vfmacc", f"vfmacc.vv v{facc[mi][0]}, v{acc[mi][0]}, v{A}", f"row tile {mi}, both column tiles")]
-    tile_start = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
-                  *(AsmOp("vmv", f"vmv.v.i v{r}, 0", "fp32 accumulators") for row in facc for r in row),
-                  AsmOp("vle16", f"vl{2 * ma}re16.v v{T}, (%[idx16])", "e16 row tables, for every block"),
-                  AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
-    block_end = (AsmOp("addi", f"addi %[sa], %[sa], {4 * 4 * ma}", "next block's A scales"),
-                 AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
-    direct_store = not spec.bias
-    return ImePlan(
-        ma=ma, na=na, acc_regs=acc, prologue=(), body=tuple(body), fold=tuple(fold),
-        iterations_per_block=iterations, a_bytes_per_iteration=ku * ma * 32,
-        b_stride=spec.panel * 8, b_walk=iterations * spec.panel * 8,
-        clobbers=tuple(f"v{r}" for r in range(32)), vmadots_per_tile_block=(spec.block // 8) * ma * na,
-        facc_floats=ma * na * 16, facc_at=f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4",
-        facc_regs=facc, direct_store=direct_store, tile_start=tile_start, block_end=block_end,
-        tile_end=_tile_end(acc, facc, direct_store),
-        index16=(STAGED_PER_REGISTER_ROW_INDEX if per_register else STAGED_ROW_INDEX)[:32 * ma],
-        acc_zero=_acc_zero(4 * ma, on_vfp=True, halves=per_register), unrolled=unrolled, entry_vset=True,
-        stage=_stage_b(spec, iterations), stage_block_bytes=iterations * 128 + 128, stage_index=STAGED_COLUMN_INDEX,
-    )
+
+
+def _staged_fp16_fold(ma: int, acc, facc, vt: "_Vtype", per_register: bool) -> None:
+    """a_scale_type = fp16 (appended through vt): the spread B scales (fp16, 64 B: v24 column tile 0,
+    v25 column tile 1) and the tile's A scales (fp16) loaded; per row tile one e16 LMUL-1 gather
+    spreads its 4 A scales over a 4x4 tile's 16 lanes, and two vfwmul give scale_a * scale_b exactly
+    in fp32 (11 by 11 significant bits fit fp32's 24) for its two column tiles, into products v16..
+    laid out as the accumulators; then one vfmacc over all of them. The A load reads 16 halves (8
+    used): the rest is the next block's, or the unused half of the fp32-sized scale region."""
+    SB, P, T = SCALES_STAGED, B_STAGED, TABLES_STAGED
+    SA, SPREAD = 30, 31  # above the row tables (v28, v29)
+    fold = vt.ops
+    fold += [AsmOp("vle16", f"vl2re16.v v{SB}, (%[b])", "staged fp16 B scales: column tile 0 (v24), 1 (v25)"),
+             AsmOp("addi", "addi %[b], %[b], 64")]
+    vt(16, "e16", "m1")
+    fold.append(AsmOp("vle16", f"vle16.v v{SA}, (%[sa])", f"fp16 A scales, rows 0..{4 * ma - 1} (adjacent: _a_scale_group)"))
+    for mi in range(ma):
+        fold.append(AsmOp("vrgather", f"vrgatherei16.vv v{SPREAD}, v{SA}, v{T + mi}", f"A scales of rows {4 * mi}..{4 * mi + 3}"))
+        fold += [AsmOp("vfwmul", f"vfwmul.vv v{P + 4 * mi + 2 * ni}, v{SPREAD}, v{SB + ni}",
+                       f"scale_a * scale_b, row tile {mi}, column tile {ni} (exact)") for ni in range(2)]
+    vt(None, "e32", f"m{4 * ma}")
+    fold.append(AsmOp("vfmacc", f"vfmacc.vv v{facc[0][0]}, v{acc[0][0]}, v{P}", "every row and column tile"))
 
 
 def _stage_b(spec: KernelSpec, iterations: int) -> tuple[AsmOp, ...]:
     """The staging asm: for every block of an N tile (8 columns of a panel), its B tiles unpacked as
     the tile loop of a non-staged kernel would (vand/vsrl, minus the spread zero points or 8) and
-    stored whole, then its 8 B scales as fp32 spread by the lane -> column table (v16)."""
+    stored whole, then its 8 B scales spread by the lane -> column table (v16): as fp32, or with
+    a_scale_type = fp16 as the fp16 values the fold multiplies."""
     ops = [AsmOp("vle16", "vl2re16.v v16, (%[cols])", "lane -> column, for every block"), AsmOp("label", "2:", "each block")]
     asym = spec.zero_point == "asymmetric"
     if asym:
@@ -604,15 +652,21 @@ def _stage_b(spec: KernelSpec, iterations: int) -> tuple[AsmOp, ...]:
                 AsmOp("vsrl", "vsrl.vi v0, v0, 4", "high nibbles: k-step 1"), AsmOp("vset", "vsetvli t0, zero, e8, m4, ta, ma"),
                 AsmOp("vsub", "vsub.vv v0, v0, v4", "- zero points") if asym else AsmOp("vadd", "vadd.vi v0, v0, -8", "- 8"),
                 AsmOp("vse8", "vs4r.v v0, (%[out])"), AsmOp("addi", "addi %[out], %[out], 128")]
-    if spec.scale_type == "fp16":
+    if spec.a_scale_type == "fp16":  # the fold multiplies fp16 scales (_staged_fp16_fold): spread as they are
         ops += [AsmOp("vset", "vsetivli zero, 8, e16, mf2, ta, ma"), AsmOp("vle16", "vle16.v v12, (%[sb])", "B fp16 scales"),
-                AsmOp("vfwcvt", "vfwcvt.f.f.v v8, v12", "widened to fp32, once per M block")]
+                AsmOp("vset", "vsetvli t0, zero, e16, m2, ta, ma"),
+                AsmOp("vrgather", "vrgatherei16.vv v8, v12, v16", "spread: lane -> its column's scale"),
+                AsmOp("vse16", "vs2r.v v8, (%[out])"), AsmOp("addi", "addi %[out], %[out], 64")]
     else:
-        ops += [AsmOp("vset", "vsetivli zero, 8, e32, m1, ta, ma"), AsmOp("vle32", "vle32.v v8, (%[sb])", "B scales")]
-    ops += [AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma"),
-            AsmOp("vrgather", "vrgatherei16.vv v12, v8, v16", "spread: lane -> its column's scale"),
-            AsmOp("vse32", "vs4r.v v12, (%[out])"), AsmOp("addi", "addi %[out], %[out], 128"),
-            AsmOp("add", "add %[b], %[b], %[bnext]", "next block's B"), AsmOp("add", "add %[sb], %[sb], %[sbs]", "next block's B scales"),
+        if spec.scale_type == "fp16":
+            ops += [AsmOp("vset", "vsetivli zero, 8, e16, mf2, ta, ma"), AsmOp("vle16", "vle16.v v12, (%[sb])", "B fp16 scales"),
+                    AsmOp("vfwcvt", "vfwcvt.f.f.v v8, v12", "widened to fp32, once per M block")]
+        else:
+            ops += [AsmOp("vset", "vsetivli zero, 8, e32, m1, ta, ma"), AsmOp("vle32", "vle32.v v8, (%[sb])", "B scales")]
+        ops += [AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma"),
+                AsmOp("vrgather", "vrgatherei16.vv v12, v8, v16", "spread: lane -> its column's scale"),
+                AsmOp("vse32", "vs4r.v v12, (%[out])"), AsmOp("addi", "addi %[out], %[out], 128")]
+    ops += [AsmOp("add", "add %[b], %[b], %[bnext]", "next block's B"), AsmOp("add", "add %[sb], %[sb], %[sbs]", "next block's B scales"),
             *((AsmOp("add", "add %[zp], %[zp], %[zps]", "next block's zero points"),) if asym else ()),
             AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b")]
     return tuple(ops)

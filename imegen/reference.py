@@ -140,29 +140,42 @@ def a_blocks(A: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     return a, np.abs(a).max(axis=2)  # zero padding never raises the max
 
 
-def quantize_a_int8(A: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+def fp16_ceil(x: np.ndarray) -> np.ndarray:
+    """The least fp16 value >= x (x >= 0), as float32; +inf above 65504 (no such value)."""
+    x = np.asarray(x, F32)
+    with np.errstate(over="ignore"):
+        h = x.astype(np.float16)  # nearest, ties to even; 65504 < x < 65520 -> 65504, above -> inf
+        h = np.where(h.astype(F32) < x, np.nextafter(h, np.float16(np.inf)), h)
+    return h.astype(F32)
+
+
+def quantize_a_int8(A: np.ndarray, block_size: int, a_scale_type: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
     """MLAS CompInt8 A quantization (NEON QuantizeBlock / test reference), per row per K block.
 
     Returns qa int8 [M, k_blocks*block_size] (zero-padded) and scales float32 [M, k_blocks].
+    a_scale_type "fp16": each scale max|a| / 127 rounded up to an fp16 value (fp16_ceil), A quantized
+    with exactly that scale (so codes stay within +-127), as imegen's a_scale_type = fp16 kernels do.
     Note: x86 AVX2/512 multiplies by 127/amax and rounds half-to-even instead; that only differs on
     rounding ties and 1-ulp multiplier differences, both covered by the CompInt8 tolerance.
     """
     a, amax = a_blocks(A, block_size)
     M = a.shape[0]
     scale = (amax / F32(127)).astype(F32)
+    if a_scale_type == "fp16":
+        scale = fp16_ceil(scale)
     with np.errstate(divide="ignore"):
         rs = np.where(scale != 0, F32(1) / scale, F32(0)).astype(F32)
     q = np.clip(_round_half_away((a * rs[:, :, None]).astype(F32)), -128, 127)
     return q.astype(np.int8).reshape(M, -1), scale
 
 
-def matmul_nbits_int8(A: np.ndarray, qw: QuantizedWeights, bias: np.ndarray | None = None):
+def matmul_nbits_int8(A: np.ndarray, qw: QuantizedWeights, bias: np.ndarray | None = None, a_scale_type: str = "fp32"):
     """CompInt8 oracle (MLAS CallReferenceGemm_CompInt8 semantics, accumulated in float64).
 
     acc int64 [M, N, k_blocks] = exact Σ_{k in b} qa[m,k] * (q[k,n] - zp[b,n]);
-    Y float64 [M, N] = Σ_b acc * a_scale[m,b] * b_scale[n,b] (+ bias).
+    Y float64 [M, N] = Σ_b acc * a_scale[m,b] * b_scale[n,b] (+ bias). a_scale_type: quantize_a_int8's.
     """
-    qa, a_scale = quantize_a_int8(A, qw.block_size)
+    qa, a_scale = quantize_a_int8(A, qw.block_size, a_scale_type)
     q, zp = unpack_codes(qw)
     w = np.zeros((qw.k_blocks * qw.block_size, qw.N), np.int64)
     w[: qw.K] = q - _per_k(zp, qw)  # padding rows stay 0 (qa is 0 there anyway)

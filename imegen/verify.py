@@ -152,13 +152,14 @@ def oracle(plan: KernelPlan, case: Case) -> tuple[np.ndarray, np.ndarray]:
         W = ref.dequantize(case.qw)
         bound = ref.forward_error_bound(case.A, W, case.qw.K) + 2 * EPS32 * (np.abs(Y) + bias_mag)
         return Y, bound
-    Y, acc = ref.matmul_nbits_int8(case.A, case.qw, case.bias)
-    _, a_scale = ref.quantize_a_int8(case.A, case.qw.block_size)
+    a16 = plan.spec.a_scale_type
+    Y, acc = ref.matmul_nbits_int8(case.A, case.qw, case.bias, a16)
+    _, a_scale = ref.quantize_a_int8(case.A, case.qw.block_size, a16)
     # Each block adds float(dot) * (a_scale * b_scale): dot is exact (< 2^24), the two products and
     # the sum round, so the fold of kb terms is within (kb + 3) * eps * sum |term|.
     mag, adds = np.abs(acc), case.qw.k_blocks
     if plan.blksum:  # per block float(sum qa (q - 128)) * sa * sb + (sa sum qa) * (sb (128 - zp)): two terms, each rounded
-        qa, _ = ref.quantize_a_int8(case.A, case.qw.block_size)
+        qa, _ = ref.quantize_a_int8(case.A, case.qw.block_size, a16)
         qsum = qa.astype(np.int64).reshape(qa.shape[0], case.qw.k_blocks, -1).sum(axis=2)  # [M, kb]
         shift = (128 - ref.unpack_codes(case.qw)[1]).T.astype(np.int64)  # [N, kb]
         mag = np.abs(acc - shift[None] * qsum[:, None, :]) + np.abs(shift)[None] * np.abs(qsum)[:, None, :]

@@ -44,7 +44,9 @@ def kernel_specs(draw, target=None):
         settings["vlen"] = draw(st.sampled_from([128, 256]))
     if target == "ime" and tm in (4, 8) and tn == 8 and settings["k_unroll"] == 2 and settings["bits"] == 4:
         settings["stage_b"] = draw(st.sampled_from(["tile", "m_block"]))
-        if op == "gemm":
+        if op == "gemm" and settings["stage_b"] == "m_block" and settings["scale_type"] == "fp16" and draw(st.booleans()):
+            settings["a_scale_type"] = "fp16"
+        elif op == "gemm":
             settings["spread"] = draw(st.sampled_from(["group", "per_register"]))
     text = "kernel fuzz {\n" + "".join(f"  {k} = {v}\n" for k, v in settings.items()) + "}\n"
     try:
@@ -285,6 +287,61 @@ def test_spread_per_register_refuses_what_it_is_not_written_for():
                        ("tile = 1x8  op = gemv", "op gemm"), ("tile = 8x8  abi = mlas", "abi imegen")):
         with pytest.raises(SpecError, match=what):
             specs_from_text(f"kernel s {{ target = ime  compute = int8  bits = 4  {text}  spread = per_register }}")
+
+
+@pytest.mark.parametrize("settings", [
+    "tile = 8x8  panel = 16  zero_point = asymmetric  scales = inline  block = 32",
+    "tile = 4x8  panel = 8  zero_point = symmetric  scales = separate  block = 64  unpack = interleaved  bias = yes",
+    "tile = 8x8  panel = 32  zero_point = asymmetric  scales = inline  block = 128  bias = yes",
+])
+def test_fp16_a_scales(settings):
+    """a_scale_type = fp16: A's block scales rounded up to fp16, the fold's vfwmul of the two fp16
+    scales. Exact reference over several M blocks (as test_staged_b_over_several_m_blocks); on random
+    data within the bound of the fp16-A reference and outside that of MLAS's fp32-A one (the test
+    tells the two apart); an A block above 127 x 65504 returns IMEGEN_ERR_RANGE, not a result."""
+    from imegen import reference as ref
+    from imegen.perf import x60
+    from imegen.verify import Case
+
+    spec = specs_from_text(f"kernel a16 {{ target = ime  compute = int8  bits = 4  k_unroll = 2  stage_b = m_block  "
+                           f"scale_type = fp16  a_scale_type = fp16  {settings} }}")[0]
+    plan = plan_kernel(spec)
+    assert any(op.kind == "vfwmul" for op in plan.ime.fold) and not any(op.kind == "vfwcvt" for op in plan.ime.fold)
+    K, tm = 13 * spec.block + 7, spec.tile_m
+    row_bytes = x60.workspace_bytes(plan, tm, K) // tm
+    plan = dataclasses.replace(plan, a_block_bytes=x60.staged_bytes(plan, K) + 2 * tm * row_bytes)
+    rng = np.random.default_rng(14)
+    exact = make_cases(plan, rng, [(57, 21, K), (8, 16, spec.block)], exact=True)
+    random = make_cases(plan, rng, [(21, 19, 5 * spec.block + 3)], exact=False)
+    huge = dataclasses.replace(random[0], A=random[0].A.copy())
+    huge.A[3, 5] = 127 * 65504 * 1.01
+    fp32_a = dataclasses.replace(plan, spec=dataclasses.replace(spec, a_scale_type="fp32"))
+    for compiler in ("clang", "gcc"):
+        results = run_cases(build(plan, compiler=compiler), exact + random + [huge], vlen=256)
+        for case, result in zip(exact, results):
+            assert compare(plan, case, result, exact=True).ok, compiler
+        assert compare(plan, random[0], results[len(exact)]).ok, compiler
+        assert not compare(fp32_a, random[0], results[len(exact)]).ok, compiler
+        assert results[-1].status == 3, compiler  # IMEGEN_ERR_RANGE
+    assert isinstance(huge, Case) and np.isinf(ref.quantize_a_int8(huge.A, spec.block, "fp16")[1]).any()
+
+
+def test_fp16_a_scales_refuse_what_they_are_not_written_for():
+    for text, what in (("tile = 8x8  k_unroll = 2  scale_type = fp16", "stage_b = m_block"),
+                       ("tile = 8x8  k_unroll = 2  stage_b = m_block  scale_type = fp32", "scale_type = fp16"),
+                       ("tile = 8x8  k_unroll = 2  stage_b = m_block  scale_type = fp16  spread = per_register", "remove 'spread'")):
+        with pytest.raises(SpecError, match=what):
+            specs_from_text(f"kernel s {{ target = ime  compute = int8  bits = 4  {text}  a_scale_type = fp16 }}")
+
+
+def test_fp16_ceil_is_the_least_fp16_at_or_above():
+    from imegen.reference import fp16_ceil
+
+    x = np.array([0, 1, 1 + 2**-12, 65504, 65504.5, 6e-8, 1e-9, 0.1], np.float32)
+    got = fp16_ceil(x)
+    assert got.tolist()[:4] == [0, 1, 1 + 2**-10, 65504] and np.isinf(got[4])
+    assert got[5] == np.float32(np.float16(2**-24) * 2) and got[6] == np.float32(np.float16(2**-24))
+    assert got[7] >= x[7] and np.float32(np.nextafter(np.float16(got[7]), np.float16(0))) < x[7]
 
 
 def test_staged_b_refuses_what_it_is_not_written_for():

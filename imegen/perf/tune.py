@@ -8,7 +8,8 @@ Search space (4-bit weights, asymmetric zero points, int8 compute, target ime):
           interleaved}, panel in {TN, 2 TN, 4 TN}, scales in {inline, separate} and scale_type in
           {fp32, fp16} (fp16 halves the scale bytes that DRAM-bound decode streams; with int8
           compute its rounding is far inside ORT's accuracy_level 4 tolerance); for 4x8 and 8x8
-          leaders at k_unroll 2 also stage_b = m_block (B unpacked once per M block), and for the
+          leaders at k_unroll 2 also stage_b = m_block (B unpacked once per M block; with fp16 B
+          scales also a_scale_type = fp16, the fold's vfwmul of two fp16 scales), and for the
           leaders ir.spread_refusal admits spread = per_register (the fold's scale spreads by LMUL-1
           vrgathers), every panel and scale type, planar and inline;
 Every candidate is written as DSL text and goes through imegen's own parser and validator
@@ -43,7 +44,7 @@ TIE = 0.01  # relative 4-core time difference below which configs count as tied
 RANKINGS = ("robust", "model", "measured")  # the cost the tuner ranks by (Evaluation.times); the first is the default
 
 ORDER = ("op", "bits", "block", "zero_point", "bias", "compute", "target", "vlen", "tile", "k_unroll",
-         "unpack", "panel", "scales", "scale_type", "stage_b", "spread")
+         "unpack", "panel", "scales", "scale_type", "stage_b", "spread", "a_scale_type")
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ def config_name(settings: dict[str, object]) -> str:
         parts.append("staged")
     if s.get("spread", "group") != "group":
         parts.append("spreadreg")
+    if s.get("a_scale_type", "fp32") != "fp32":
+        parts.append("a16")
     if "vlen" in s:
         parts.insert(3, f"v{s['vlen']}")
     return "_".join(parts)
@@ -129,6 +132,7 @@ def stage2(settings: dict[str, object], *, quick: bool = False) -> list[dict[str
     if str(settings["tile"]) in ("4x8", "8x8") and settings["k_unroll"] == 2:  # what ir.staged_b_refusal allows
         layouts += [{**settings, "panel": p, "scale_type": st, "stage_b": "m_block", **sp} for p in panels for st in ("fp32", "fp16")
                     for sp in ({}, {"spread": "per_register"})]
+        layouts += [{**settings, "panel": p, "scale_type": "fp16", "stage_b": "m_block", "a_scale_type": "fp16"} for p in panels]
     if isinstance(validate({**settings, "spread": "per_register"}), KernelSpec):  # what ir.spread_refusal allows
         layouts += [{**settings, "panel": p, "scale_type": st, "spread": "per_register"} for p in panels for st in ("fp32", "fp16")]
     return layouts
@@ -188,6 +192,8 @@ def settings_of(spec: KernelSpec) -> dict[str, object]:
         d["stage_b"] = spec.stage_b
     if spec.spread != "group":
         d["spread"] = spec.spread
+    if spec.a_scale_type != "fp32":
+        d["a_scale_type"] = spec.a_scale_type
     return d
 
 
