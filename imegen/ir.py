@@ -223,13 +223,14 @@ def a_fp16_refusal(spec: KernelSpec) -> str | None:
     """Why `a_scale_type = fp16` cannot be generated for spec (None: it can). Each A block's scale is
     max|a| / 127 rounded up to an fp16 value and A is quantized with exactly that scale (codes stay
     within +-127; an A block above 127 x 65504 has no such scale, and matmul returns
-    IMEGEN_ERR_RANGE). The staged fold then multiplies the two fp16 scales with one widening
-    vfwmul (Zvfh, which the X60 has: docs/ime-isa.md §5) into their exact fp32 product, where fp32
-    A scales need the B scales widened (vfwcvt) and multiplied in fp32; its spreads run at e16, so
-    the spread B scales take half the bytes."""
-    if not staged(spec) or spec.scale_type != "fp16":
-        return ("a_scale_type = fp16 is generated for the staged fold (stage_b = m_block) with fp16 B scales "
-                "(scale_type = fp16): vfwmul multiplies two fp16 scales")
+    IMEGEN_ERR_RANGE). The fold then multiplies the two fp16 scales with one widening vfwmul (Zvfh,
+    which the X60 has: docs/ime-isa.md §5) into their exact fp32 product, where fp32 A scales need
+    the B scales widened (vfwcvt) and multiplied in fp32. Written for the staged fold (whose spreads
+    then run at e16, the spread B scales taking half the bytes) and the IME gemv fold (the row's
+    scale as a scalar: vfwmul.vf)."""
+    if spec.target != "ime" or spec.abi != "imegen" or spec.scale_type != "fp16" or not (staged(spec) or spec.op == "gemv"):
+        return ("a_scale_type = fp16 is generated for IME kernels with fp16 B scales (scale_type = fp16) whose fold "
+                "multiplies two fp16 scales: the staged fold (stage_b = m_block) and op gemv")
     if spec.spread != "group":
         return "a_scale_type = fp16 spreads its e16 scales by LMUL-1 gathers already; remove 'spread'"
     return None

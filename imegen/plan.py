@@ -166,8 +166,12 @@ class KernelPlan:
 
     @property
     def a_scale_ctype(self) -> str:
-        """The C type of A's block scales in the workspace: fp32, or fp16 bits (a_scale_type)."""
-        return "uint16_t" if self.spec.a_scale_type == "fp16" else "float"
+        """The C type of A's block scales in the workspace: fp32, or with a_scale_type = fp16 its bits;
+        gemv's as 32-bit words 0xffff0000 | bits, which flw loads as a NaN-boxed fp16 value, the
+        form an SEW-16 vector-scalar instruction reads from an f register [RVV 1.0 §10.3]."""
+        if self.spec.a_scale_type != "fp16":
+            return "float"
+        return "uint32_t" if self.spec.op == "gemv" else "uint16_t"
 
     @property
     def a_scale_row_bytes(self) -> str:
@@ -1134,8 +1138,11 @@ def _gemv_fold(spec: KernelSpec, row: tuple[int, ...], facc: int | None = None) 
                for j in range(0, len(row) - 1, 2)]
         return ops + [AsmOp("vmv", f"vmv1r.v v{D + j // 2}, v{row[j]}") for j in range(2, len(row), 2)]
 
-    fp16 = spec.scale_type == "fp16"
-    ops = [AsmOp("flw", "flw ft0, 0(%[sa])", "A scale"),
+    fp16, a16 = spec.scale_type == "fp16", spec.a_scale_type == "fp16"
+    # a16: the B scales times the row's (NaN-boxed) fp16 scale in one vfwmul.vf, exact in fp32
+    widen = (AsmOp("vfwmul", f"vfwmul.vf v{S}, v{F}, ft0", "scale_b * scale_a, exact in fp32") if a16
+             else AsmOp("vfwcvt", f"vfwcvt.f.f.v v{S}, v{F}", "widened to fp32"))
+    ops = [AsmOp("flw", "flw ft0, 0(%[sa])", "A scale" + (" (fp16, NaN-boxed)" if a16 else "")),
            AsmOp("flw", "flw ft1, 0(%[as])", "A block sum") if blksum else AsmOp("lw", "lw t2, 0(%[as])", "A block sum")]
     if not (asym or blksum):
         ops.append(AsmOp("mul", "mul t2, t2, %[zpc]", "zp * sum_a"))
@@ -1144,7 +1151,7 @@ def _gemv_fold(spec: KernelSpec, row: tuple[int, ...], facc: int | None = None) 
     if phase16:
         ops += [vs(16)] + gather(16)
         if fp16:
-            ops += [AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"), AsmOp("vfwcvt", f"vfwcvt.f.f.v v{S}, v{F}", "widened to fp32")]
+            ops += [AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"), widen]
         if asym:
             ops.append(AsmOp("vle8", f"vle8.v v{X}, (%[zp])", "B zero points" + (", two per byte" if nibbles else "")))
         if nibbles:
@@ -1159,6 +1166,9 @@ def _gemv_fold(spec: KernelSpec, row: tuple[int, ...], facc: int | None = None) 
             ops.append(AsmOp("vzext", f"vzext.vf4 v{F}, v{X}"))
             zp = F
     else:
+        if a16:  # first, into X (which this branch leaves alone), so that the SEW-16 phase costs no extra vset
+            ops += [vs(16), AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"),
+                    AsmOp("vfwmul", f"vfwmul.vf v{X}, v{F}, ft0", "scale_b * scale_a, exact in fp32")]
         if len(row) > 1:
             ops += [AsmOp("vset", "vsetivli zero, 8, e32, m1, ta, ma")] + gather(32)
         if asym and nibbles:
@@ -1177,15 +1187,16 @@ def _gemv_fold(spec: KernelSpec, row: tuple[int, ...], facc: int | None = None) 
     elif not blksum:
         ops.append(AsmOp("vsub", f"vsub.vx v{D}, v{D}, t2", "dot -= zp * sum_a"))
     ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{D}, v{D}"))
-    if fp16 and not phase16:
-        ops += [vs(16), AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"),
-                AsmOp("vfwcvt", f"vfwcvt.f.f.v v{S}, v{F}", "widened to fp32"), vs(32)]
+    if fp16 and not phase16 and not a16:
+        ops += [vs(16), AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"), widen, vs(32)]
     elif not fp16:
         ops.append(AsmOp("vle32", f"vle32.v v{S}, (%[sb])", "B scales"))
-    ops.append(AsmOp("vfmul", f"vfmul.vf v{S}, v{S}, ft0", "scale_b * scale_a"))
+    if not a16:
+        ops.append(AsmOp("vfmul", f"vfmul.vf v{S}, v{S}, ft0", "scale_b * scale_a"))
+    P = X if a16 and not phase16 else S  # the scale products
     if facc is not None:  # in registers across blocks (blksum kernels never are)
-        return tuple(ops + [AsmOp("vfmacc", f"vfmacc.vv v{facc}, v{D}, v{S}", "the row's fp32 accumulators")])
-    ops += [AsmOp("vle32", f"vle32.v v{F}, (%[facc])"), AsmOp("vfmacc", f"vfmacc.vv v{F}, v{D}, v{S}")]
+        return tuple(ops + [AsmOp("vfmacc", f"vfmacc.vv v{facc}, v{D}, v{P}", "the row's fp32 accumulators")])
+    ops += [AsmOp("vle32", f"vle32.v v{F}, (%[facc])"), AsmOp("vfmacc", f"vfmacc.vv v{F}, v{D}, v{P}")]
     if blksum:
         ops += [AsmOp("vle32", f"vle32.v v{S}, (%[bs])", "B block sums"),
                 AsmOp("vfmacc", f"vfmacc.vf v{F}, ft1, v{S}", "+ blksum_a * blksum_b")]

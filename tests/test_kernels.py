@@ -42,6 +42,8 @@ def kernel_specs(draw, target=None):
     }
     if target == "rvv":
         settings["vlen"] = draw(st.sampled_from([128, 256]))
+    if target == "ime" and op == "gemv" and settings["scale_type"] == "fp16":
+        settings["a_scale_type"] = draw(st.sampled_from(["fp32", "fp16"]))
     if target == "ime" and tm in (4, 8) and tn == 8 and settings["k_unroll"] == 2 and settings["bits"] == 4:
         settings["stage_b"] = draw(st.sampled_from(["tile", "m_block"]))
         if op == "gemm" and settings["stage_b"] == "m_block" and settings["scale_type"] == "fp16" and draw(st.booleans()):
@@ -326,8 +328,40 @@ def test_fp16_a_scales(settings):
     assert isinstance(huge, Case) and np.isinf(ref.quantize_a_int8(huge.A, spec.block, "fp16")[1]).any()
 
 
+@pytest.mark.parametrize("settings", [
+    "tile = 1x16  panel = 16  k_unroll = 4  zero_point = asymmetric  block = 32",
+    "tile = 1x8  panel = 8  k_unroll = 2  zero_point = symmetric  block = 64  scales = separate  unpack = interleaved  bias = yes",
+    "tile = 1x16  panel = 32  k_unroll = 4  zero_point = asymmetric  block = 32  bits = 8",
+])
+def test_fp16_a_scales_gemv(settings):
+    """a_scale_type = fp16 in the gemv fold: the row's scale stored NaN-boxed (0xffff0000 | bits), read
+    by flw, times the fp16 B scales in one vfwmul.vf; exact data to the bit, random data inside the
+    fp16-A bound and outside MLAS's fp32-A one, IMEGEN_ERR_RANGE past 127 x 65504; at TN 16 and 32 as
+    many fold instructions as the same kernel with fp32 scales (fp16 costs no more)."""
+    spec = specs_from_text(f"kernel g16 {{ target = ime  op = gemv  compute = int8  scale_type = fp16  a_scale_type = fp16  {settings} }}")[0]
+    plan = plan_kernel(spec)
+    fp32 = plan_kernel(dataclasses.replace(spec, scale_type="fp32", a_scale_type="fp32"))
+    fp16 = plan_kernel(dataclasses.replace(spec, a_scale_type="fp32"))
+    assert any(op.kind == "vfwmul" for op in plan.ime.fold) and not any(op.kind == "vfwcvt" for op in plan.ime.fold)
+    # TN 16 and 32 fold in one SEW-16 phase: at most fp32's instructions; narrower tiles need one vset for it
+    assert len(plan.ime.fold) <= len(fp32.ime.fold) + (spec.tile_n not in (16, 32)) and len(plan.ime.fold) < len(fp16.ime.fold)
+    rng = np.random.default_rng(15)
+    exact = make_cases(plan, rng, [(1, 2 * spec.panel + 5, 3 * spec.block + 9), (1, 8, spec.block)], exact=True)
+    random = make_cases(plan, rng, [(1, 37, 6 * spec.block + 1)], exact=False)
+    huge = dataclasses.replace(random[0], A=random[0].A.copy())
+    huge.A[0, 2] = -127 * 65504 * 1.01
+    fp32_a = dataclasses.replace(plan, spec=dataclasses.replace(spec, a_scale_type="fp32"))
+    for compiler in ("clang", "gcc"):
+        results = run_cases(build(plan, compiler=compiler), exact + random + [huge], vlen=256)
+        for case, result in zip(exact, results):
+            assert compare(plan, case, result, exact=True).ok, compiler
+        assert compare(plan, random[0], results[len(exact)]).ok, compiler
+        assert not compare(fp32_a, random[0], results[len(exact)]).ok, compiler
+        assert results[-1].status == 3, compiler  # IMEGEN_ERR_RANGE
+
+
 def test_fp16_a_scales_refuse_what_they_are_not_written_for():
-    for text, what in (("tile = 8x8  k_unroll = 2  scale_type = fp16", "stage_b = m_block"),
+    for text, what in (("tile = 8x8  k_unroll = 2  scale_type = fp16", "stage_b = m_block"), ("tile = 1x16  op = gemv", "scale_type = fp16"),
                        ("tile = 8x8  k_unroll = 2  stage_b = m_block  scale_type = fp32", "scale_type = fp16"),
                        ("tile = 8x8  k_unroll = 2  stage_b = m_block  scale_type = fp16  spread = per_register", "remove 'spread'")):
         with pytest.raises(SpecError, match=what):

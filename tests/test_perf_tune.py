@@ -95,7 +95,8 @@ def test_bench_quick(plugin_so, tmp_path, capsys):
     assert "modeled, not measured" in out
     for heading in ("Instruction counts (MEASURED", "Modeled time (MODELED", "speedup over each baseline",
                     "Sensitivity: LLVM's hardware-measured X60 occupancies",
-                    "4 cores, MODELED under the model): ", "4 cores, MODELED under LLVM's measured occupancies): "):
+                    "4 cores, MODELED under the model): ", "4 cores, MODELED under LLVM's measured occupancies): ",
+                    "Scale precision (instructions MEASURED", "fp16-scale tuned configs costing more instructions than their fp32 twin: "):
         assert heading in out
     rows = list(csv.DictReader((tmp_path / "bench.csv").open()))
     assert [(r["M"], r["kernel"]) for r in rows] == [("1", "imegen"), ("1", "llama-4x16"), ("1", "rvv-fp32"),

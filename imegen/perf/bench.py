@@ -110,7 +110,8 @@ def _m(v: float) -> str:
 
 def short_config(spec) -> str:
     s = settings_of(spec)
-    extra = (f" v{s['vlen']}" if "vlen" in s else "") + (" staged" if "stage_b" in s else "") + (" spread/reg" if "spread" in s else "")
+    extra = ((f" v{s['vlen']}" if "vlen" in s else "") + (" staged" if "stage_b" in s else "") + (" spread/reg" if "spread" in s else "")
+             + (" a16" if "a_scale_type" in s else ""))
     return f"{s['target']}/{s['compute']} {s['op']} {s['tile']} k{s['k_unroll']} {s['unpack'][:5]} p{s['panel']} {s['scales'][:3]}{extra}"
 
 
@@ -283,6 +284,38 @@ def prefill_goal_text(res: BenchResult, p: x60.X60Params = x60.X60, measured: bo
     return "\n".join(lines)
 
 
+def scale_precision_text(res: BenchResult) -> str:
+    """The goal "fp16 scales never cost more instructions than fp32": per case, the tuned config's
+    instructions against its twins with fp32 B scales and fp32 A scales, and with fp16 B scales but
+    fp32 A scales, each as the tuner measured it (MEASURED counts, one core, whole shape)."""
+    head = ["shape", "M", "block", "tuned config", "scales", "tuned M", "fp32 twin M", "fp16-B fp32-A twin M", "tuned / fp32"]
+    body, worse, compared = [], [], 0
+    for c in res.cases:
+        best = res.tuned.best[c]
+        by_name = {e.spec.name: e for e in res.tuned.ranking[c]}
+        base = settings_of(best.spec)
+        base.pop("a_scale_type", None)
+        twins = []
+        for st in ("fp32", "fp16"):
+            spec = validate({**base, "scale_type": st})
+            twins.append(by_name.get(spec.name) if hasattr(spec, "name") else None)
+        mine = x60.total_instructions(best.counts)
+        f32 = x60.total_instructions(twins[0].counts) if twins[0] else None
+        f16 = x60.total_instructions(twins[1].counts) if twins[1] else None
+        what = best.spec.scale_type + ("/A fp16" if best.spec.a_scale_type == "fp16" else "")
+        if f32 is not None and best.spec.scale_type == "fp16":
+            compared += 1
+            if mine > f32:
+                worse.append(f"{c.label} (+{100 * (mine / f32 - 1):.1f}%)")
+        body.append([c.shape, str(c.M), str(c.block), short_config(best.spec), what, _m(mine), _m(f32) if f32 else "-",
+                     _m(f16) if f16 else "-", f"{mine / f32:.3f}" if f32 else "-"])
+    verdict = (f"fp16-scale tuned configs costing more instructions than their fp32 twin: {len(worse)} of {compared}"
+               + (": " + ", ".join(worse) if worse else ""))
+    return "\n".join(["Scale precision (instructions MEASURED, millions, one core, whole shape; twins = the tuned config "
+                      "with fp32 B and A scales, and with fp16 B scales widened by vfwcvt against fp32 A scales; '-' = not "
+                      "measured by the tuner):", format_table(head, body, right={1, 2, 5, 6, 7, 8}), verdict])
+
+
 def has_measured(res: BenchResult) -> bool:
     """Were every row and every ranked config counted with the plugin's occupancy kinds?"""
     return all(r.ev.measured for r in res.rows) and all(e.measured for es in res.tuned.ranking.values() for e in es)
@@ -403,6 +436,7 @@ def report(res: BenchResult, refused_note: bool = True) -> str:
     measured = measured_text(res)
     if measured:
         parts += ["", measured]
+    parts += ["", scale_precision_text(res)]
     parts += ["", summary_text(res)]
     if refused_note:
         parts += ["", f"Tuner: {res.tuned.evaluated} configs measured, {len(res.tuned.refused)} refused by the "

@@ -8,8 +8,9 @@ Search space (4-bit weights, asymmetric zero points, int8 compute, target ime):
           interleaved}, panel in {TN, 2 TN, 4 TN}, scales in {inline, separate} and scale_type in
           {fp32, fp16} (fp16 halves the scale bytes that DRAM-bound decode streams; with int8
           compute its rounding is far inside ORT's accuracy_level 4 tolerance); for 4x8 and 8x8
-          leaders at k_unroll 2 also stage_b = m_block (B unpacked once per M block; with fp16 B
-          scales also a_scale_type = fp16, the fold's vfwmul of two fp16 scales), and for the
+          leaders at k_unroll 2 also stage_b = m_block (B unpacked once per M block), with fp16 B
+          scales there and in gemv also a_scale_type = fp16 (the fold's vfwmul of two fp16
+          scales), and for the
           leaders ir.spread_refusal admits spread = per_register (the fold's scale spreads by LMUL-1
           vrgathers), every panel and scale type, planar and inline;
 Every candidate is written as DSL text and goes through imegen's own parser and validator
@@ -129,6 +130,8 @@ def stage2(settings: dict[str, object], *, quick: bool = False) -> list[dict[str
     panels = (tn,) if quick else tuple(p for p in (tn, 2 * tn, 4 * tn) if p <= 128)
     layouts = [{**settings, "unpack": u, "panel": p, "scales": sc, "scale_type": st}
                for u in ("planar", "interleaved") for p in panels for sc in ("inline", "separate") for st in ("fp32", "fp16")]
+    if settings["op"] == "gemv":  # its fold multiplies fp16 A and B scales in one vfwmul.vf (ir.a_fp16_refusal)
+        layouts += [{**lay, "a_scale_type": "fp16"} for lay in layouts if lay["scale_type"] == "fp16"]
     if str(settings["tile"]) in ("4x8", "8x8") and settings["k_unroll"] == 2:  # what ir.staged_b_refusal allows
         layouts += [{**settings, "panel": p, "scale_type": st, "stage_b": "m_block", **sp} for p in panels for st in ("fp32", "fp16")
                     for sp in ({}, {"spread": "per_register"})]
