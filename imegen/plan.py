@@ -119,6 +119,11 @@ class ImePlan:
         return bool(self.facc_regs)
 
     @property
+    def entry(self) -> tuple[AsmOp, ...]:
+        """What the asm runs before the loop when the body relies on e8, m1 (entry_vset)."""
+        return (AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma", "vmadot runs at e8, LMUL=1, vl=32"),) if self.entry_vset else ()
+
+    @property
     def staged(self) -> bool:
         return bool(self.stage)
 

@@ -429,7 +429,7 @@ def report(res: BenchResult, refused_note: bool = True) -> str:
     if res.whole is not None:
         parts += ["", ort_model.method_text(res.whole),
                   "Whole model, instructions MEASURED (extrapolated in layers), times MODELED:",
-                  ort_model.table(res.whole, llama_real.calibration(list(res.llama)) if res.llama else "")]
+                  ort_model.table(res.whole, llama_real.optimism_factors(list(res.llama)) if res.llama else "")]
     goal = "\n".join(t for t in (prefill_goal_text(res), prefill_goal_text(res, measured=True)) if t)
     if goal:
         parts += ["", goal]

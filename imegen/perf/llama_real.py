@@ -404,14 +404,34 @@ def per_token_s(rs: list[LlamaRow], M: int) -> tuple[float, float, float | None]
     return base, lat, occ
 
 
-def calibration(rs: list[LlamaRow]) -> str:
-    """Whole-model MODELED estimate from llama.cpp's real counts vs its published K1 figures."""
+def _calibration_points(rs: list[LlamaRow]):
+    """(label, M, published tok/s, modeled seconds per M tokens as per_token_s gives them), or None."""
     from .workload import PREFILL_M, PUBLISHED_PP512_TPS
-    lines = []
+    points = []
     for label, M, published in (("decode tg128", 1, PUBLISHED_TG128_TPS), (f"prefill pp{PREFILL_M[-1]}", PREFILL_M[-1], PUBLISHED_PP512_TPS)):
         t = per_token_s(rs, M)
         if t is None:
-            return f"(calibration needs every Qwen shape at M = 1 and {PREFILL_M[-1]}: run without --quick)"
+            return None
+        points.append((label, M, published, t))
+    return points
+
+
+def optimism_factors(rs: list[LlamaRow]) -> str:
+    """The calibration's optimism factors in one line, for figures printed away from it."""
+    points = _calibration_points(rs)
+    if points is None:
+        return ""
+    return ", ".join(f"{label.split()[0]} {M / t[0] / published:.2f}x" for label, M, published, t in points)
+
+
+def calibration(rs: list[LlamaRow]) -> str:
+    """Whole-model MODELED estimate from llama.cpp's real counts vs its published K1 figures."""
+    from .workload import PREFILL_M
+    points = _calibration_points(rs)
+    if points is None:
+        return f"(calibration needs every Qwen shape at M = 1 and {PREFILL_M[-1]}: run without --quick)"
+    lines = []
+    for label, M, published, t in points:
         tps, tps_lat = M / t[0], M / t[1]
         occ = (f"; with LLVM's measured occupancies {M / t[2]:.1f} tok/s, optimism factor {M / t[2] / published:.2f}x"
                if t[2] is not None else "")

@@ -216,8 +216,7 @@ def _cost(text: str, vt: _Vtype) -> tuple[str, float, float]:
 def tile_block_ops(plan: KernelPlan) -> tuple[AsmOp, ...]:
     """The instructions one (tile, K block) runs: block start, the loop's iterations, fold, block end."""
     I = plan.ime
-    entry = (AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma"),) if I.entry_vset else ()  # micro_ime.c.j2 sets it
-    return (*I.acc_zero, *I.prologue, *entry, *I.body * I.iterations_per_block, *I.fold, *I.block_end)
+    return (*I.acc_zero, *I.prologue, *I.entry, *I.body * I.iterations_per_block, *I.fold, *I.block_end)
 
 
 def kinds(texts: list[str]) -> dict[str, int]:

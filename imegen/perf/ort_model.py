@@ -296,7 +296,7 @@ def table(w: WholeModel, calibration: str = "") -> str:
              f"({LLAMA_CPP_SOURCE}); ONNX Runtime ~{PUBLISHED_ORT_MS:.0f} ms/token "
              "(the figure issue 10 cites; imegen found no public source for it)."]
     if calibration:
-        lines.append("The X60 model's optimism on llama.cpp's real kernels (divide a modeled rate by it):\n" + calibration)
+        lines.append(f"The X60 model's optimism on llama.cpp's real kernels (the calibration above; divide a modeled rate by it): {calibration}")
     return "\n".join(lines)
 
 

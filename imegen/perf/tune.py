@@ -18,7 +18,7 @@ Every candidate is written as DSL text and goes through imegen's own parser and 
 reported with the validator's message and never built. Valid ones are measured (measure.py,
 cached) and modeled (x60.py). The best config per shape minimises the modeled time on 4 IME
 cores (times within TIE = 1% of the best count as tied), then on 1 core, then the core-side time on 1 core (what is left when DRAM binds), then
-the spec text: the choice is deterministic, and a rerun with the same sources reproduces it
+fewer retired instructions, then the spec text: the choice is deterministic, and a rerun with the same sources reproduces it
 from the count cache.
 
 Which time (RANKINGS): the model's vector-unit charges ("model"), LLVM's hardware-measured X60
@@ -174,10 +174,16 @@ class Evaluation:
 
     def rank_key(self, by: str = "model") -> tuple:
         """Time on 4 cores, then on 1 core, then core-side time on 1 core (headroom when DRAM-bound),
-        then the one-gather spread (fewer instructions for the same time), then the spec text: a total
-        order, so the choice is deterministic. `by` names the cost (times())."""
+        ranked by `by` (times()); robust then breaks ties by the faster view's times (the slower one
+        tied); then fewer retired instructions (e.g. fp32 over fp16 scales where the bytes do not
+        matter), then the spec text: a total order, so the choice is deterministic."""
         one, four = self.times(by)
-        return (four.time_s, one.time_s, one.core_s, self.spec.spread != "group", spec_text("k", settings_of(self.spec)))
+        other = (0.0, 0.0)
+        if by == "robust" and self.measured is not None:
+            pairs = list(zip((self.one_core, self.four_cores), self.measured))
+            other = tuple(min(a.time_s, b.time_s) for a, b in pairs[::-1])
+        return (four.time_s, one.time_s, one.core_s, *other, x60.total_instructions(self.counts),
+                spec_text("k", settings_of(self.spec)))
 
     @property
     def key(self) -> tuple:
