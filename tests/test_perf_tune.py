@@ -145,6 +145,20 @@ def test_settings_round_trip_through_the_validator_with_stage_b():
         assert ("staged" in short_config(spec)) == (spec.stage_b == "m_block")
 
 
+def test_stage2_variants_of_every_leader_are_valid():
+    """Stage 2 varies a stage-1 leader's layout: every variant it proposes must pass the validator (a
+    refused one is silently never measured: a per_register leader's staged a16 variant once was), and
+    the a16 variants must be there for staged and gemv leaders."""
+    leaders = [{"op": "gemm", "tile": "8x8", "k_unroll": 2, "unpack": "planar", "panel": 8, "scales": "inline", **sp}
+               for sp in ({}, {"spread": "per_register"})]
+    leaders.append({"op": "gemv", "tile": "1x16", "k_unroll": 4, "unpack": "planar", "panel": 16, "scales": "inline"})
+    for leader in leaders:
+        variants = tune.stage2({**tune.base_settings(32), **leader})
+        refused = [tune.config_name(v) for v in variants if not isinstance(tune.validate(v), tune.KernelSpec)]
+        assert not refused, refused
+        assert any(v.get("a_scale_type") == "fp16" for v in variants), leader
+
+
 @NEEDS_TOOLS
 def test_tuner_ranks_by_the_cost_asked_for(plugin_so):
     """`imegen tune --occupancy {robust,model,measured}`: the same counts, three rankings. At a block-32

@@ -135,7 +135,8 @@ def stage2(settings: dict[str, object], *, quick: bool = False) -> list[dict[str
     if str(settings["tile"]) in ("4x8", "8x8") and settings["k_unroll"] == 2:  # what ir.staged_b_refusal allows
         layouts += [{**settings, "panel": p, "scale_type": st, "stage_b": "m_block", **sp} for p in panels for st in ("fp32", "fp16")
                     for sp in ({}, {"spread": "per_register"})]
-        layouts += [{**settings, "panel": p, "scale_type": "fp16", "stage_b": "m_block", "a_scale_type": "fp16"} for p in panels]
+        plain = {k: v for k, v in settings.items() if k != "spread"}  # a16 spreads its e16 scales per register already
+        layouts += [{**plain, "panel": p, "scale_type": "fp16", "stage_b": "m_block", "a_scale_type": "fp16"} for p in panels]
     if isinstance(validate({**settings, "spread": "per_register"}), KernelSpec):  # what ir.spread_refusal allows
         layouts += [{**settings, "panel": p, "scale_type": st, "spread": "per_register"} for p in panels for st in ("fp32", "fp16")]
     return layouts
