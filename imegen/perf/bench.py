@@ -287,7 +287,8 @@ def prefill_goal_text(res: BenchResult, p: x60.X60Params = x60.X60, measured: bo
 def scale_precision_text(res: BenchResult) -> str:
     """The goal "fp16 scales never cost more instructions than fp32": per case, the tuned config's
     instructions against its twins with fp32 B scales and fp32 A scales, and with fp16 B scales but
-    fp32 A scales, each as the tuner measured it (MEASURED counts, one core, whole shape)."""
+    fp32 A scales (a staged a16 config's: with per-register spreads, the fp32 staged fold the tuner
+    measures), each as the tuner measured it (MEASURED counts, one core, whole shape)."""
     head = ["shape", "M", "block", "tuned config", "scales", "tuned M", "fp32 twin M", "fp16-B fp32-A twin M", "tuned / fp32"]
     body, worse, compared = [], [], 0
     for c in res.cases:
@@ -296,9 +297,9 @@ def scale_precision_text(res: BenchResult) -> str:
         base = settings_of(best.spec)
         base.pop("a_scale_type", None)
         twins = []
-        for st in ("fp32", "fp16"):
-            spec = validate({**base, "scale_type": st})
-            twins.append(by_name.get(spec.name) if hasattr(spec, "name") else None)
+        for st in ("fp32", "fp16"):  # the twin as it is, or with per-register spreads (what the tuner measured for staged fp32)
+            specs = [validate({**base, "scale_type": st}), validate({**base, "scale_type": st, "spread": "per_register"})]
+            twins.append(next((by_name[sp.name] for sp in specs if hasattr(sp, "name") and sp.name in by_name), None))
         mine = x60.total_instructions(best.counts)
         f32 = x60.total_instructions(twins[0].counts) if twins[0] else None
         f16 = x60.total_instructions(twins[1].counts) if twins[1] else None
