@@ -598,6 +598,14 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
     )
 
 
+def _rows_spread_per_register(dst: int, src: int, tables: int, mi: int) -> list[AsmOp]:
+    """Row tile mi's 4 A scales (lanes of src) spread over its two 4x4 tiles' lanes at e32, LMUL 1:
+    one gather per register of the first tile (tables, tables + 1: lane -> row), a copy for the second."""
+    return [*(AsmOp("vrgather", f"vrgatherei16.vv v{dst + j}, v{src}, v{tables + j}",
+                    f"A scales of rows {4 * mi + 2 * j}-{4 * mi + 2 * j + 1}") for j in range(2)),
+            AsmOp("vmv", f"vmv2r.v v{dst + 2}, v{dst}", "the same rows for column tile 1")]
+
+
 def _staged_fp32_fold(ma: int, acc, facc, vt: "_Vtype", per_register: bool) -> None:
     """fp32 A scales (appended through vt): the spread B scales (fp32, 128 B) and the tile's A scales
     loaded, then per row tile the A scales spread (one LMUL-4 gather, or LMUL-1 ones with spread =
@@ -611,9 +619,7 @@ def _staged_fp32_fold(ma: int, acc, facc, vt: "_Vtype", per_register: bool) -> N
     for mi in range(ma):
         if per_register:
             vt(8, "e32", "m1")
-            fold += [AsmOp("vrgather", f"vrgatherei16.vv v{A + j}, v{B}, v{T + 2 * mi + j}",
-                           f"A scales of rows {4 * mi + 2 * j}-{4 * mi + 2 * j + 1}") for j in range(2)]
-            fold.append(AsmOp("vmv", f"vmv2r.v v{A + 2}, v{A}", "the same rows for column tile 1"))
+            fold += _rows_spread_per_register(A, B, T + 2 * mi, mi)
         vt(None, "e32", "m4")
         if not per_register:
             fold.append(AsmOp("vrgather", f"vrgatherei16.vv v{A}, v{B}, v{T + 2 * mi}", f"A scales of rows {4 * mi}..{4 * mi + 3}, twice"))
@@ -1031,9 +1037,7 @@ def _paired_column_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc
                     AsmOp("vlse32", f"vlse32.v v{S}, (t1), %[sas]", f"A scales, rows {4 * mi}..{4 * mi + 3}, lanes 0..3")]
         if per_register:
             vt(8, "e32", "m1")
-            ops += [AsmOp("vrgather", f"vrgatherei16.vv v{SA + j}, v{S}, v{tables + j}",
-                          f"A scales of rows {4 * mi + 2 * j}-{4 * mi + 2 * j + 1}") for j in range(2)]
-            ops.append(AsmOp("vmv", f"vmv2r.v v{SA + 2}, v{SA}", "the same rows for column tile 1"))
+            ops += _rows_spread_per_register(SA, S, tables, mi)
             vt(None, "e32", "m4")
         else:
             vt(None, "e32", "m4")
