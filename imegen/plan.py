@@ -554,7 +554,7 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
     ma, na, ku = spec.tile_m // 4, 2, 2
     acc = tuple(tuple(4 * mi + 2 * ni for ni in range(na)) for mi in range(ma))
     facc = tuple(tuple(4 * ma + 4 * mi + 2 * ni for ni in range(na)) for mi in range(ma))
-    B, A, SB, T = B_STAGED, A_STAGED, SCALES_STAGED, TABLES_STAGED
+    B, A, T = B_STAGED, A_STAGED, TABLES_STAGED
     iterations = spec.block // 16
     unrolled = iterations <= MAX_UNROLLED_ITERATIONS
     body = [AsmOp("vle8", f"vl{ku * ma}re8.v v{A}, (%[a])", f"A: {ku} k-steps x {ma} tiles"),
@@ -574,7 +574,10 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
         fold.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
     a_fp16 = spec.a_scale_type == "fp16"
     per_register = spec.spread == "per_register"  # STAGED_PER_REGISTER_ROW_INDEX
-    (_staged_fp16_fold if a_fp16 else _staged_fp32_fold)(ma, acc, facc, vt, per_register)
+    if a_fp16:
+        _staged_fp16_fold(ma, acc, facc, vt)
+    else:
+        _staged_fp32_fold(ma, acc, facc, vt, per_register)
     tile_start = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
                   *(AsmOp("vmv", f"vmv.v.i v{r}, 0", "fp32 accumulators") for row in facc for r in row),
                   AsmOp("vle16", f"vl{ma if a_fp16 else 2 * ma}re16.v v{T}, (%[idx16])", "e16 row tables, for every block"),
@@ -627,7 +630,7 @@ def _staged_fp32_fold(ma: int, acc, facc, vt: "_Vtype", per_register: bool) -> N
                  AsmOp("vfmacc", f"vfmacc.vv v{facc[mi][0]}, v{acc[mi][0]}, v{A}", f"row tile {mi}, both column tiles")]
 
 
-def _staged_fp16_fold(ma: int, acc, facc, vt: "_Vtype", per_register: bool) -> None:
+def _staged_fp16_fold(ma: int, acc, facc, vt: "_Vtype") -> None:
     """a_scale_type = fp16 (appended through vt): the spread B scales (fp16, 64 B: v24 column tile 0,
     v25 column tile 1) and the tile's A scales (fp16) loaded; per row tile one e16 LMUL-1 gather
     spreads its 4 A scales over a 4x4 tile's 16 lanes, and two vfwmul give scale_a * scale_b exactly
@@ -1148,9 +1151,10 @@ def _gemv_fold(spec: KernelSpec, row: tuple[int, ...], facc: int | None = None) 
         return ops + [AsmOp("vmv", f"vmv1r.v v{D + j // 2}, v{row[j]}") for j in range(2, len(row), 2)]
 
     fp16, a16 = spec.scale_type == "fp16", spec.a_scale_type == "fp16"
-    # a16: the B scales times the row's (NaN-boxed) fp16 scale in one vfwmul.vf, exact in fp32
-    widen = (AsmOp("vfwmul", f"vfwmul.vf v{S}, v{F}, ft0", "scale_b * scale_a, exact in fp32") if a16
-             else AsmOp("vfwcvt", f"vfwcvt.f.f.v v{S}, v{F}", "widened to fp32"))
+    def widen(dst: int) -> AsmOp:  # the fp16 B scales at F to fp32 (a16: times the row's NaN-boxed fp16 scale, exact)
+        return (AsmOp("vfwmul", f"vfwmul.vf v{dst}, v{F}, ft0", "scale_b * scale_a, exact in fp32") if a16
+                else AsmOp("vfwcvt", f"vfwcvt.f.f.v v{dst}, v{F}", "widened to fp32"))
+
     ops = [AsmOp("flw", "flw ft0, 0(%[sa])", "A scale" + (" (fp16, NaN-boxed)" if a16 else "")),
            AsmOp("flw", "flw ft1, 0(%[as])", "A block sum") if blksum else AsmOp("lw", "lw t2, 0(%[as])", "A block sum")]
     if not (asym or blksum):
@@ -1160,7 +1164,7 @@ def _gemv_fold(spec: KernelSpec, row: tuple[int, ...], facc: int | None = None) 
     if phase16:
         ops += [vs(16)] + gather(16)
         if fp16:
-            ops += [AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"), widen]
+            ops += [AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"), widen(S)]
         if asym:
             ops.append(AsmOp("vle8", f"vle8.v v{X}, (%[zp])", "B zero points" + (", two per byte" if nibbles else "")))
         if nibbles:
@@ -1176,8 +1180,7 @@ def _gemv_fold(spec: KernelSpec, row: tuple[int, ...], facc: int | None = None) 
             zp = F
     else:
         if a16:  # first, into X (which this branch leaves alone), so that the SEW-16 phase costs no extra vset
-            ops += [vs(16), AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"),
-                    AsmOp("vfwmul", f"vfwmul.vf v{X}, v{F}, ft0", "scale_b * scale_a, exact in fp32")]
+            ops += [vs(16), AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"), widen(X)]
         if len(row) > 1:
             ops += [AsmOp("vset", "vsetivli zero, 8, e32, m1, ta, ma")] + gather(32)
         if asym and nibbles:
@@ -1197,7 +1200,7 @@ def _gemv_fold(spec: KernelSpec, row: tuple[int, ...], facc: int | None = None) 
         ops.append(AsmOp("vsub", f"vsub.vx v{D}, v{D}, t2", "dot -= zp * sum_a"))
     ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{D}, v{D}"))
     if fp16 and not phase16 and not a16:
-        ops += [vs(16), AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"), widen, vs(32)]
+        ops += [vs(16), AsmOp("vle16", f"vle16.v v{F}, (%[sb])", "B fp16 scales"), widen(S), vs(32)]
     elif not fp16:
         ops.append(AsmOp("vle32", f"vle32.v v{S}, (%[sb])", "B scales"))
     if not a16:
