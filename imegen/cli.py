@@ -163,7 +163,8 @@ def explain(plan: KernelPlan) -> str:
                   f"              {where}",
                   f"              {I.iterations_per_block} iterations per block{' (unrolled)' if I.unrolled else ''}; per iteration: "
                   + ", ".join(f"{n} {k}" for k, n in sorted(mix.items())),
-                  f"  block start ({len(I.acc_zero + I.prologue)} instructions: accumulators zeroed, zero points spread):"]
+                  f"  block start ({len(I.acc_zero + I.prologue)} instruction{'s' * (len(I.acc_zero + I.prologue) != 1)}: "
+                  "accumulators zeroed, zero points spread):"]
         lines += [f"    {op.text:<28} {('# ' + op.comment) if op.comment else ''}".rstrip() for op in I.acc_zero + I.prologue]
         lines.append("  inner loop:")
         lines += [f"    {op.text:<28} {('# ' + op.comment) if op.comment else ''}".rstrip() for op in I.body]

@@ -179,6 +179,17 @@ class KernelPlan:
         return "uint32_t" if self.spec.op == "gemv" else "uint16_t"
 
     @property
+    def a_chunk_stride(self) -> int | None:
+        """Bytes between a row's consecutive 8-k chunks of quantized A (see _a_index) when an IME kernel
+        keeps k in order there (planar or 8-bit B; interleaved B permutes k within 16): its vector A
+        quantization then stores a whole block's codes with one store (gemv: unit-stride; gemm: 8-byte
+        elements TM x 8 bytes apart) and sums them with one reduction. None: copy them one by one."""
+        s = self.spec
+        if s.target != "ime" or s.abi != "imegen" or s.block < 32 or (s.bits == 4 and s.unpack != "planar"):
+            return None
+        return 8 if s.tile_m == 1 else s.tile_m * 8
+
+    @property
     def a_scale_row_bytes(self) -> str:
         """C expr in kb: bytes between consecutive rows' scales of one block (within a group: adjacent)."""
         size = f"sizeof({self.a_scale_ctype})"
@@ -569,17 +580,30 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
     body.append(AsmOp("addi", f"addi %[a], %[a], {ku * ma * 32}"))
     fold: list[AsmOp] = []
     vt = _Vtype(fold)
-    for first, g in acc_groups(4 * ma):
-        vt(None, "e32", f"m{g}")
-        fold.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
     a_fp16 = spec.a_scale_type == "fp16"
     per_register = spec.spread == "per_register"  # STAGED_PER_REGISTER_ROW_INDEX
-    if a_fp16:
-        _staged_fp16_fold(ma, acc, facc, vt)
+
+    def dots_to_fp32() -> None:
+        for first, g in acc_groups(4 * ma):
+            vt(None, "e32", f"m{g}")
+            fold.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
+
+    if a_fp16:  # the conversion after the e16 products: one vsetvli serves it and the vfmacc
+        _staged_fp16_fold(ma, vt)
+        dots_to_fp32()
+        fold.append(AsmOp("vfmacc", f"vfmacc.vv v{facc[0][0]}, v{acc[0][0]}, v{B}", "every row and column tile"))
     else:
+        dots_to_fp32()
         _staged_fp32_fold(ma, acc, facc, vt, per_register)
-    tile_start = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
-                  *(AsmOp("vmv", f"vmv.v.i v{r}, 0", "fp32 accumulators") for row in facc for r in row),
+    g = 4 * ma  # the accumulators: one LMUL-4ma group each, int32 from v0, fp32 from v{g}
+    # a16: the tile start and the fold both leave vtype at e32, m{g}: each block zeroes its int32
+    # accumulators with one instruction (on the integer unit: the FP unit does the vfwmul)
+    zero_fp32 = ((AsmOp("vset", f"vsetvli t0, zero, e32, m{g}, ta, ma"), AsmOp("vmv", f"vmv.v.i v{g}, 0", "fp32 accumulators"))
+                 if a_fp16 else (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
+                                 *(AsmOp("vmv", f"vmv.v.i v{r}, 0", "fp32 accumulators") for row in facc for r in row)))
+    acc_zero = ((AsmOp("vmv", f"vmv.v.i v0, 0", f"int32 accumulators v0-v{g - 1} (e32, m{g} already)"),) if a_fp16
+                else _acc_zero(g, on_vfp=True, halves=per_register))
+    tile_start = (*zero_fp32,
                   AsmOp("vle16", f"vl{ma if a_fp16 else 2 * ma}re16.v v{T}, (%[idx16])", "e16 row tables, for every block"),
                   AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
     block_end = (AsmOp("addi", f"addi %[sa], %[sa], {(2 if a_fp16 else 4) * 4 * ma}", "next block's A scales"),
@@ -595,7 +619,7 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
         tile_end=_tile_end(acc, facc, direct_store),
         index16=(STAGED_FP16_ROW_INDEX[:16 * ma] if a_fp16 else
                  (STAGED_PER_REGISTER_ROW_INDEX if per_register else STAGED_ROW_INDEX)[:32 * ma]),
-        acc_zero=_acc_zero(4 * ma, on_vfp=True, halves=per_register or a_fp16), unrolled=unrolled, entry_vset=True,
+        acc_zero=acc_zero, unrolled=unrolled, entry_vset=True,
         stage=_stage_b(spec, iterations), stage_block_bytes=iterations * 128 + (64 if a_fp16 else 128),
         stage_index=STAGED_COLUMN_INDEX,
     )
@@ -630,13 +654,17 @@ def _staged_fp32_fold(ma: int, acc, facc, vt: "_Vtype", per_register: bool) -> N
                  AsmOp("vfmacc", f"vfmacc.vv v{facc[mi][0]}, v{acc[mi][0]}, v{A}", f"row tile {mi}, both column tiles")]
 
 
-def _staged_fp16_fold(ma: int, acc, facc, vt: "_Vtype") -> None:
+def _staged_fp16_fold(ma: int, vt: "_Vtype") -> None:
     """a_scale_type = fp16 (appended through vt): the spread B scales (fp16, 64 B: v24 column tile 0,
     v25 column tile 1) and the tile's A scales (fp16) loaded; per row tile one e16 LMUL-1 gather
     spreads its 4 A scales over a 4x4 tile's 16 lanes, and two vfwmul give scale_a * scale_b exactly
     in fp32 (11 by 11 significant bits fit fp32's 24) for its two column tiles, into products v16..
-    laid out as the accumulators; then one vfmacc over all of them. The A load reads 16 halves (8
-    used): the rest is the next block's, or the unused half of the fp32-sized scale region."""
+    laid out as the accumulators. The A load reads 16 halves (8 used): the rest is the next
+    block's, or the unused half of the fp32-sized scale region. The caller then converts the dots
+    and folds them with one vfmacc (one vsetvli for both).
+    Spreading the A scales in the A quantization instead (each scale four times, one whole-register
+    load, no gathers: 11 fold instructions) was measured: VLS 38 -> 40 cycles per (tile, block)
+    of 8x8 block 32 under the model (39 -> 40 under LLVM's occupancies), and VLS binds at M = 512."""
     SB, P, T = SCALES_STAGED, B_STAGED, TABLES_STAGED
     SA, SPREAD = 30, 31  # above the row tables (v28, v29)
     fold = vt.ops
@@ -648,8 +676,6 @@ def _staged_fp16_fold(ma: int, acc, facc, vt: "_Vtype") -> None:
         fold.append(AsmOp("vrgather", f"vrgatherei16.vv v{SPREAD}, v{SA}, v{T + mi}", f"A scales of rows {4 * mi}..{4 * mi + 3}"))
         fold += [AsmOp("vfwmul", f"vfwmul.vv v{P + 4 * mi + 2 * ni}, v{SPREAD}, v{SB + ni}",
                        f"scale_a * scale_b, row tile {mi}, column tile {ni} (exact)") for ni in range(2)]
-    vt(None, "e32", f"m{4 * ma}")
-    fold.append(AsmOp("vfmacc", f"vfmacc.vv v{facc[0][0]}, v{acc[0][0]}, v{P}", "every row and column tile"))
 
 
 def _stage_b(spec: KernelSpec, iterations: int) -> tuple[AsmOp, ...]:

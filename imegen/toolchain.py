@@ -24,6 +24,13 @@ GCC = "riscv64-linux-gnu-gcc"
 HOST_CC = "cc"
 QEMU = "qemu-riscv64"
 
+
+def qemu_cpu(vlen: int | None = 256, *, zfh: bool = True) -> str:
+    """QEMU's -cpu for the K1's X60 features the kernels use: RVV 1.0 at `vlen` (None: QEMU's
+    default) and Zfh, which the X60 has and QEMU 7.2 leaves off: a16 kernels round A scales with
+    `fcvt.h.s`, and QEMU 7.2 also wants it for SEW-16 `vfwcvt.f.f.v` (docs/ime-isa.md §5)."""
+    return "rv64,v=true" + (",Zfh=true" if zfh else "") + (f",vlen={vlen}" if vlen is not None else "")
+
 # Warnings are errors: generated code must be warning-clean under both compilers.
 COMMON_FLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-std=c11")
 
@@ -128,8 +135,7 @@ def run(exe: Path, args: Sequence[str] = (), *, vlen: int | None = 256, host: bo
     if host:
         cmd = [exe]
     else:
-        cpu = "rv64,v=true" + (f",vlen={vlen}" if vlen is not None else "")
-        cmd = [QEMU, "-L", str(SYSROOT), "-cpu", cpu, exe]
+        cmd = [QEMU, "-L", str(SYSROOT), "-cpu", qemu_cpu(vlen), exe]
     cmd += list(args)
     try:
         proc = _spawn(cmd, input=input, timeout=timeout)

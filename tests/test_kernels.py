@@ -365,6 +365,36 @@ def test_fp16_a_scales_refuse_what_they_are_not_written_for():
             specs_from_text(f"kernel s {{ target = ime  compute = int8  bits = 4  {text}  a_scale_type = fp16 }}")
 
 
+@pytest.mark.parametrize("compiler", ["clang", "gcc"])
+def test_fp16_a_scale_rounding_is_numpys_fp16_ceil(tmp_path, compiler):
+    """The generated A-scale rounding (Zfh fcvt.h.s, static round-up) against NumPy's fp16_ceil, bit
+    for bit, at the edges exact kernel data rarely reaches: zero, fp16 subnormals, every fp16 binade's
+    bounds and one fp32 ulp either side, 65504 and past it (+inf), NaN; its NaN-boxed image too."""
+    from imegen import toolchain
+    from imegen.reference import fp16_ceil
+    from imegen.render import render_kernel
+
+    plan = plan_kernel(specs_from_text("kernel hc { target = ime  op = gemv  compute = int8  scale_type = fp16  a_scale_type = fp16 }")[0])
+    for name, text in render_kernel(plan, "test").items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "main.c").write_text(
+        '#include <stdio.h>\n#include "hc.c"\nint main(void) {\n    float x;\n    uint32_t h;\n'
+        '    while (fread(&x, sizeof x, 1, stdin) == 1) {\n        const float y = hc_half_ceil(x, &h);\n'
+        '        fwrite(&y, sizeof y, 1, stdout);\n        fwrite(&h, sizeof h, 1, stdout);\n    }\n    return 0;\n}\n')
+    halves = np.arange(0, 0x7c00, 37, dtype=np.uint16).view(np.float16).astype(np.float32)
+    edges = np.concatenate([halves, np.nextafter(halves, np.float32(np.inf)), np.nextafter(halves, np.float32(0)),
+                            np.float32([0, 2**-25, 2**-24, 2**-14, 65504, 65504.01, 65519.99, 65520, 1e30, np.inf])])
+    spread = np.exp2(np.random.default_rng(16).uniform(-30, 17, 4000)).astype(np.float32)
+    x = np.concatenate([edges, spread, np.float32([np.nan])])
+    exe = toolchain.compile_c([tmp_path / "main.c"], tmp_path / "hc", compiler=compiler, include_dirs=[tmp_path])
+    out = np.frombuffer(toolchain.run(exe, input=x.tobytes()).stdout, np.uint32).reshape(-1, 2)
+    y, h = out[:-1, 0].view(np.float32), out[:-1, 1]
+    want = fp16_ceil(x[:-1])
+    assert np.array_equal(y.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(h, np.uint32(0xffff0000) | want.astype(np.float16).view(np.uint16))
+    assert np.isnan(out[-1:, 0].view(np.float32)).all() and out[-1, 1] & 0x7c00 == 0x7c00  # NaN: out of range
+
+
 def test_fp16_ceil_is_the_least_fp16_at_or_above():
     from imegen.reference import fp16_ceil
 

@@ -22,7 +22,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__, cache
+from .. import __version__, cache, toolchain
 from ..render import _env
 
 ROOT = Path(__file__).resolve().parent.parent.parent  # the directory holding imegen/ and templates/
@@ -300,7 +300,7 @@ def run_mlas_test(exe: Path, gtest_filter: str | None, *, vlen: int = 256, disab
     env = dict(os.environ)
     if disable_imegen:
         env["IMEGEN_MLAS_DISABLE"] = "1"
-    cmd = ["qemu-riscv64", "-L", "/usr/riscv64-linux-gnu", "-cpu", f"rv64,v=true,vlen={vlen}", str(exe)]
+    cmd = ["qemu-riscv64", "-L", "/usr/riscv64-linux-gnu", "-cpu", toolchain.qemu_cpu(vlen), str(exe)]
     if gtest_filter:
         cmd.append(f"--gtest_filter={gtest_filter}")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)

@@ -1,7 +1,7 @@
 """A real riscv64 onnxruntime session under qemu-riscv64, driven from Python.
 
 RiscvSession starts imegen/ort/ort_runner.c (built with clang-19 against the sysroot's
-onnxruntime_c_api.h, cached) under `qemu-riscv64 -L SYSROOT -cpu rv64,v=true,vlen=VLEN`; the
+onnxruntime_c_api.h, cached) under `qemu-riscv64 -L SYSROOT -cpu rv64,v=true,Zfh=true,vlen=VLEN` (toolchain.qemu_cpu); the
 runner loads the model once (registering a custom-op library if given) and then serves run
 requests over a small binary protocol on its stdin/stdout (documented in the C file).
 """
@@ -54,7 +54,7 @@ class RiscvSession:
                  threads: int = 1, vlen: int = 256):
         root = sysroot.ensure(version)
         self.version = sysroot.full_version(root)
-        cmd = [toolchain.QEMU, "-L", str(root), "-cpu", f"rv64,v=true,vlen={vlen}", str(runner(version)),
+        cmd = [toolchain.QEMU, "-L", str(root), "-cpu", toolchain.qemu_cpu(vlen), str(runner(version)),
                str(sysroot.library(root)), str(Path(model).resolve()),
                str(Path(custom_ops).resolve()) if custom_ops else "-", str(threads)]
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

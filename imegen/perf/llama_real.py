@@ -49,7 +49,6 @@ SPACEMIT = "src/ggml-cpu/spacemit"
 HERE = Path(__file__).parent
 OWN = [HERE / "llama_driver.cpp", HERE / "llama_loop.cpp", HERE / "llama_loop.h"]
 MARCH = "rv64gcv_zfh_zvfh"
-CPU_EXTRA = ",Zfh=true"  # QEMU 7.2: vfwcvt.f.f.v at SEW 16 needs Zfh
 DESCRIBES = "Q4_0: symmetric int4 (q-8), block 32, fp16 scale; A quantized to Q8 per 32 (fp32 scale)"
 
 
@@ -157,8 +156,7 @@ def _run(cmd: list[str], what: str) -> None:
 
 def run_driver(b: LlamaExe, args: list[str]) -> tuple[list[dict[str, int]], list[int], float]:
     """(region counts, emulated vmadots per region, checksum); checks the plugin saw every vmadot."""
-    run = run_counted(b.exe, args, list(b.ranges), begin=b.begin, end=b.end, vlen=VLEN, beat_bytes=BEAT_BYTES,
-                      cpu_extra=CPU_EXTRA)
+    run = run_counted(b.exe, args, list(b.ranges), begin=b.begin, end=b.end, vlen=VLEN, beat_bytes=BEAT_BYTES)
     lines = run.stdout.split("\n")
     emulated = [int(x.split()[1]) for x in lines if x.startswith("emulated ")]
     checksum = float(next(x for x in lines if x.startswith("checksum ")).split()[1])
@@ -193,7 +191,7 @@ def reference(w_blocks: bytes, A: np.ndarray, N: int, K: int) -> tuple[np.ndarra
 def validate(b: LlamaExe, M: int, N: int, K: int, nth: int, work: Path) -> float:
     """Run the full loop with `nth` threads and compare C with the NumPy model; returns max err / bound."""
     work.mkdir(parents=True, exist_ok=True)
-    cmd = [toolchain.QEMU, "-L", str(toolchain.SYSROOT), "-cpu", f"rv64,v=true,vlen={VLEN}{CPU_EXTRA}",
+    cmd = [toolchain.QEMU, "-L", str(toolchain.SYSROOT), "-cpu", toolchain.qemu_cpu(VLEN),
            str(b.exe), "full", str(M), str(N), str(K), str(nth), str(work)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:

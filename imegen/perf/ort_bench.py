@@ -192,9 +192,8 @@ def count_runs(model: Path, feeds: dict[str, np.ndarray], wanted: list[str], *, 
     exe = runner(version)
     syms = symbols(exe)
     so = plugin.ensure_plugin()
-    extra = [",Zfh=true"] if custom_ops else [""]  # the custom-op kernels may widen fp16 scales
     pin = serializer() if threads > 1 and one_host_cpu else []
-    base = [toolchain.QEMU, "-L", str(root), "-cpu", f"rv64,v=true,vlen={VLEN}{extra[0]}"]
+    base = [toolchain.QEMU, "-L", str(root), "-cpu", toolchain.qemu_cpu(VLEN, zfh=bool(custom_ops))]  # stock ORT runs as counted before
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         write_feeds(t / "feeds.bin", feeds, wanted)

@@ -167,7 +167,7 @@ def parse_output(text: str) -> PluginRun:
 
 def run_counted(exe: Path, args: list[str], ranges: list[tuple[int, int, str]], *,
                 begin: int | None = None, end: int | None = None, vlen: int = 256,
-                beat_bytes: int = 16, timeout: float = 600, cpu_extra: str = "") -> PluginRun:
+                beat_bytes: int = 16, timeout: float = 600) -> PluginRun:
     """Run `exe` under qemu-riscv64 with the plugin; return its counts."""
     so = ensure_plugin()
     with tempfile.TemporaryDirectory() as tmp:
@@ -176,7 +176,7 @@ def run_counted(exe: Path, args: list[str], ranges: list[tuple[int, int, str]], 
         spec = f"{so},ranges={rfile},out={ofile},beat={beat_bytes}"
         if begin is not None:
             spec += f",begin={begin:x},end={end:x}"
-        cmd = [toolchain.QEMU, "-plugin", spec, "-L", str(toolchain.SYSROOT), "-cpu", f"rv64,v=true,vlen={vlen}{cpu_extra}",
+        cmd = [toolchain.QEMU, "-plugin", spec, "-L", str(toolchain.SYSROOT), "-cpu", toolchain.qemu_cpu(vlen),
                str(Path(exe).resolve()), *args]
         try:
             proc = subprocess.run(cmd, capture_output=True, timeout=timeout)

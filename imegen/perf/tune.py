@@ -122,7 +122,10 @@ def stage1(block: int, *, quick: bool = False) -> list[dict[str, object]]:
             for ku in kus:
                 out.append({**base_settings(block), "op": "gemv" if tm == 1 else "gemm", "tile": f"{tm}x{tn}",
                             "k_unroll": ku, "unpack": "planar", "panel": tn, "scales": "inline"})
-    return out
+    # B staged per M block changes what binds (unpack once per M block), not only a layout: it competes
+    # here (with fp32 scales, like everything in stage 1), so a different leader cannot keep it and its
+    # fp16 variants (stage 2) from being measured.
+    return out + [{**st, "stage_b": "m_block"} for st in out if isinstance(validate({**st, "stage_b": "m_block"}), KernelSpec)]
 
 
 def stage2(settings: dict[str, object], *, quick: bool = False) -> list[dict[str, object]]:

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #define VLENB 32 /* K1: VLEN = 256 bits */
 
@@ -140,6 +141,19 @@ static int fetch_insn32(uintptr_t pc, uint32_t *word) {
     return 1;
 }
 
+/* Say which word trapped, with async-signal-safe write(2) only: the process dies next. */
+static void report_foreign(uint32_t word, uintptr_t pc) {
+    char msg[] = "imegen IME emulator: illegal instruction 0x........ at pc 0x................: not an IME "
+                 "instruction it runs (IME: vsetvli e8 m1 first; fp16: QEMU -cpu rv64,v=true,Zfh=true,vlen=256)\n";
+    char *w = strstr(msg, "0x") + 2, *p = strstr(w, "0x") + 2;
+    for (int i = 0; i < 8; i++)
+        w[i] = "0123456789abcdef"[(word >> (28 - 4 * i)) & 15];
+    for (int i = 0; i < 16; i++)
+        p[i] = "0123456789abcdef"[(pc >> (60 - 4 * i)) & 15];
+    ssize_t unused = write(2, msg, sizeof msg - 1);
+    (void)unused;
+}
+
 static void on_sigill(int sig, siginfo_t *si, void *ctx) {
     ucontext_t *uc = ctx;
     uintptr_t pc = uc->uc_mcontext.__gregs[REG_PC];
@@ -148,6 +162,8 @@ static void on_sigill(int sig, siginfo_t *si, void *ctx) {
     /* si_code <= 0: sent by kill()/raise(), so pc says nothing about the cause. */
     if (si->si_code <= 0 || !fetch_insn32(pc, &word) || !vmadot_decode(word, &d) ||
         !vtype_allows_ime()) {
+        if (si->si_code > 0 && fetch_insn32(pc, &word))
+            report_foreign(word, pc);
         /* Not ours: die honestly. The re-raised signal stays blocked until we return,
          * then the default action terminates the process with SIGILL. */
         struct sigaction dfl;
@@ -168,7 +184,7 @@ void imegen_ime_emu_install(void) {
     if (vlenb != VLENB) {
         fprintf(stderr,
                 "imegen IME emulator: IME requires VLEN=256 (K1), but this CPU has VLEN=%lu; "
-                "run QEMU with -cpu rv64,v=true,vlen=256\n",
+                "run QEMU with -cpu rv64,v=true,Zfh=true,vlen=256\n",
                 vlenb * 8);
         exit(3);
     }
