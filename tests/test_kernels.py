@@ -152,22 +152,28 @@ def test_m_blocking_across_several_blocks(text, shape, host):
     assert compare(plan, cases[0], result).ok
 
 
+def _kernel_with_main(tmp_path, plan, main_c: str, **compile_kw):
+    """Build `main_c`, which #includes the plan's generated .c to call its static helpers directly."""
+    from imegen import toolchain
+    from imegen.render import render_kernel
+
+    for name, text in render_kernel(plan, "test").items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "main.c").write_text(main_c)
+    return toolchain.compile_c([tmp_path / "main.c"], tmp_path / "main", include_dirs=[tmp_path], **compile_kw)
+
+
 def test_fp16_scale_conversion_matches_numpy(tmp_path):
     """The generated binary16 conversions (no _Float16) against numpy's, over normal, subnormal,
     tie, overflow (saturated) and special values: the oracle rounds scales with numpy."""
     from imegen import toolchain
-    from imegen.render import render_kernel
 
     plan = plan_kernel(specs_from_text("kernel h { target = scalar  compute = int8  scale_type = fp16 }")[0])
-    for name, text in render_kernel(plan, "h.imegen").items():
-        (tmp_path / name).write_text(text)
-    (tmp_path / "main.c").write_text(
-        '#include "h.c"\n#include <stdio.h>\n'
-        "int main(void) { uint32_t x; while (fread(&x, 4, 1, stdin) == 1) { float f; memcpy(&f, &x, 4);\n"
-        "  uint16_t h = h_half_from_float(f); float g = h_float_from_half(h); fwrite(&h, 2, 1, stdout); fwrite(&g, 4, 1, stdout); }\n"
-        "  return 0; }\n")
-    exe = toolchain.compile_c([tmp_path / "main.c"], tmp_path / "main", host=True, include_dirs=[tmp_path],
-                              extra_flags=["-Wno-unused-function"])
+    exe = _kernel_with_main(tmp_path, plan,
+                            '#include "h.c"\n#include <stdio.h>\n'
+                            "int main(void) { uint32_t x; while (fread(&x, 4, 1, stdin) == 1) { float f; memcpy(&f, &x, 4);\n"
+                            "  uint16_t h = h_half_from_float(f); float g = h_float_from_half(h); fwrite(&h, 2, 1, stdout); fwrite(&g, 4, 1, stdout); }\n"
+                            "  return 0; }\n", host=True, extra_flags=["-Wno-unused-function"])
     rng = np.random.default_rng(7)
     specials = np.array([0.0, -0.0, 1.0, 65504.0, 65519.99, 65520.0, 1e9, np.inf, -np.inf, 2.0**-24, 2.0**-25,
                          1.5 * 2.0**-25, 2.0**-14, 2.0**-14 * (1 - 2.0**-11), 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11], np.float32)
@@ -372,21 +378,18 @@ def test_fp16_a_scale_rounding_is_numpys_fp16_ceil(tmp_path, compiler):
     bounds and one fp32 ulp either side, 65504 and past it (+inf), NaN; its NaN-boxed image too."""
     from imegen import toolchain
     from imegen.reference import fp16_ceil
-    from imegen.render import render_kernel
 
     plan = plan_kernel(specs_from_text("kernel hc { target = ime  op = gemv  compute = int8  scale_type = fp16  a_scale_type = fp16 }")[0])
-    for name, text in render_kernel(plan, "test").items():
-        (tmp_path / name).write_text(text)
-    (tmp_path / "main.c").write_text(
-        '#include <stdio.h>\n#include "hc.c"\nint main(void) {\n    float x;\n    uint32_t h;\n'
-        '    while (fread(&x, sizeof x, 1, stdin) == 1) {\n        const float y = hc_half_ceil(x, &h);\n'
-        '        fwrite(&y, sizeof y, 1, stdout);\n        fwrite(&h, sizeof h, 1, stdout);\n    }\n    return 0;\n}\n')
+    exe = _kernel_with_main(tmp_path, plan,
+                            '#include <stdio.h>\n#include "hc.c"\nint main(void) {\n    float x;\n    uint32_t h;\n'
+                            '    while (fread(&x, sizeof x, 1, stdin) == 1) {\n        const float y = hc_half_ceil(x, &h);\n'
+                            '        fwrite(&y, sizeof y, 1, stdout);\n        fwrite(&h, sizeof h, 1, stdout);\n    }\n    return 0;\n}\n',
+                            compiler=compiler)
     halves = np.arange(0, 0x7c00, 37, dtype=np.uint16).view(np.float16).astype(np.float32)
     edges = np.concatenate([halves, np.nextafter(halves, np.float32(np.inf)), np.nextafter(halves, np.float32(0)),
                             np.float32([0, 2**-25, 2**-24, 2**-14, 65504, 65504.01, 65519.99, 65520, 1e30, np.inf])])
     spread = np.exp2(np.random.default_rng(16).uniform(-30, 17, 4000)).astype(np.float32)
     x = np.concatenate([edges, spread, np.float32([np.nan])])
-    exe = toolchain.compile_c([tmp_path / "main.c"], tmp_path / "hc", compiler=compiler, include_dirs=[tmp_path])
     out = np.frombuffer(toolchain.run(exe, input=x.tobytes()).stdout, np.uint32).reshape(-1, 2)
     y, h = out[:-1, 0].view(np.float32), out[:-1, 1]
     want = fp16_ceil(x[:-1])
