@@ -13,7 +13,7 @@ from .plugin import PluginUnavailable
 from .tune import RANKINGS
 from .workload import BLOCKS
 
-COMMANDS = ("bench", "tune")
+COMMANDS = ("bench", "tune", "floors")
 FULL_RESULTS, QUICK_RESULTS = "bench/results", "bench/results-quick"
 
 
@@ -43,6 +43,9 @@ def add_perf_commands(sub) -> None:
                             "so a quick run never replaces the committed full results)")
         p.add_argument("--blocks", type=_blocks, default=BLOCKS, help="comma-separated block sizes (default: 32,64,128)")
         p.add_argument("-j", "--jobs", type=int, default=None, help="parallel builds/QEMU runs (default: CPU count)")
+    f = sub.add_parser("floors", help="the X60 model's floors per IME register tiling, against the prefill cells of a "
+                       "committed bench run (static: no QEMU)")
+    f.add_argument("results", nargs="?", default=FULL_RESULTS, help=f"a bench output directory (default: {FULL_RESULTS})")
     t.add_argument("--occupancy", choices=RANKINGS, default=RANKINGS[0],
                    help="rank by each config's slower of the model's vector-unit charges and LLVM's hardware-measured "
                         "X60 occupancies (robust: the default, what `imegen bench` uses), by the model's alone, or by "
@@ -66,8 +69,16 @@ def _mlas_counts(spec_file: str) -> str:
 
 
 def run_perf_command(args) -> int:
-    from . import bench, tune
+    from . import bench, floors, tune
 
+    if args.command == "floors":  # static: reads bench.csv, runs nothing
+        try:
+            text = floors.report(Path(args.results))
+        except (OSError, KeyError) as e:
+            print(f"error: {args.results}: not a bench output directory ({e})", file=sys.stderr)
+            return 2
+        print(text)
+        return 0
     missing = missing_tools()
     if missing:
         print(f"error: missing tools: {', '.join(missing)} (see README: install the toolchain first)", file=sys.stderr)

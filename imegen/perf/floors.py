@@ -1,0 +1,156 @@
+"""Floors of the X60 model for IME gemm tiles: the fewest cycles per vmadot a register tiling can
+reach from its operand and accumulator traffic alone, before any fold, block start or edge cost.
+
+Why: the prefill goal of issue 10 is 1.5x of a roofline that charges one cycle per vmadot. The
+model's own machine cannot feed a vmadot from memory at that rate: every operand register costs
+VLS cycles and 32 vector registers bound the tile. These floors say what the best tile of each kind
+can reach at a block size, so a cell's budget (cycles per vmadot that 1.5x allows) tells which tile
+kinds could meet it at all, and how much of the budget their fold may take.
+
+A tile of a x b vmadot tiles (TM = 4a rows, TN = 4b columns) over one quantization block of
+s = block / 8 k-steps (docs/ime-isa.md §2, §7; imegen/perf/x60.py):
+  vmadot        a*b*s: one IME cycle and one vector issue slot each (one vector instruction a cycle)
+  operands      a A registers a k-step, and b B registers (int8: staged B or 8-bit codes) or b/2
+                (4-bit codes unpacked in the tile: a 32-byte register holds 4 columns x 16 k)
+  accumulators  int32: 2 registers per vmadot tile, live for the block; fp32: 2 per vmadot tile
+                kept in registers across blocks, or loaded and stored once per block (4ab registers)
+  registers     2ab + (2ab with fp32 in registers) + a + b (int8) or a + 2b (codes and one unpacked
+                k-step) <= 32
+  VLS           >= 2 cycles per 32-byte register moved: the model charges 16 bytes a cycle, LLVM's
+                measured occupancies 3 cycles at LMUL 1 and 4/8/16 at LMUL 2/4/8
+  VIEU          4-bit codes: >= 1 cycle per unpacked register under the model, 2 under LLVM's (vand, vsrl)
+  vector issue  >= the vmadots plus one load instruction per 8 registers moved
+Everything here is MODELED and a lower bound: a real kernel adds its fold, zero points and edges.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import ir
+from . import x60
+
+REGISTERS = 32
+VLS_PER_REGISTER = 2  # cycles per 32-byte register, both views (LMUL >= 2 loads; LMUL 1 costs 3 under LLVM's)
+GOAL = 1.5  # issue 10: prefill within 1.5x of the roofline
+
+
+@dataclass(frozen=True)
+class Tiling:
+    a: int  # vmadot tiles down (TM = 4a)
+    b: int  # vmadot tiles across (TN = 4b)
+    fp32_in_registers: bool
+    int4: bool  # 4-bit codes loaded and unpacked in the tile (else int8 B: staged or 8-bit)
+
+    @property
+    def name(self) -> str:
+        b_kind = "4-bit codes unpacked in the tile" if self.int4 else "int8 B (staged or 8-bit)"
+        return f"{4 * self.a}x{4 * self.b}, fp32 accumulators {'in registers' if self.fp32_in_registers else 'in memory'}, {b_kind}"
+
+    @property
+    def registers(self) -> int:
+        acc = 2 * self.a * self.b * (2 if self.fp32_in_registers else 1)
+        return acc + self.a + (2 * self.b if self.int4 else self.b)
+
+    def cycles(self, block: int, measured: bool = False) -> dict[str, float]:
+        """Lower bounds on each unit's cycles for one (tile, block)."""
+        s = block // 8
+        vmadot = self.a * self.b * s
+        moved = (self.a + (self.b / 2 if self.int4 else self.b)) * s + (0 if self.fp32_in_registers else 4 * self.a * self.b)
+        return {"ime": vmadot, "issue": vmadot + moved / 8, "vls": VLS_PER_REGISTER * moved,
+                "vieu": self.b * s * (2 if measured else 1) if self.int4 else 0.0}
+
+    def per_vmadot(self, block: int, measured: bool = False) -> float:
+        return max(self.cycles(block, measured).values()) / (self.a * self.b * (block // 8))
+
+
+def tilings() -> list[Tiling]:
+    """Every tiling whose registers fit the file."""
+    return [t for a in range(1, 9) for b in range(1, 9) for f in (True, False) for i in (False, True)
+            if (t := Tiling(a, b, f, i)).registers <= REGISTERS]
+
+
+def best(block: int, measured: bool = False, **kind) -> tuple[float, Tiling]:
+    """The lowest floor at a block among tilings of the given kind (fp32_in_registers=, int4=)."""
+    pool = [t for t in tilings() if all(getattr(t, k) == v for k, v in kind.items())]
+    return min(((t.per_vmadot(block, measured), t) for t in pool), key=lambda x: (x[0], x[1].registers))
+
+
+def best_robust(block: int) -> tuple[float, Tiling]:
+    """The lowest floor at a block under the slower of the two views (the tuner's robust ranking)."""
+    return min(((max(t.per_vmadot(block), t.per_vmadot(block, measured=True)), t) for t in tilings()),
+               key=lambda x: (x[0], x[1].registers))
+
+
+def of_spec(s: ir.KernelSpec) -> Tiling:
+    """The tiling an IME gemm kernel uses."""
+    return Tiling(s.tile_m // 4, s.tile_n // 4, ir.fp32_acc_in_registers(s), s.bits == 4 and not ir.staged(s))
+
+
+def spec_of_config(config: str) -> ir.KernelSpec:
+    """The spec of a bench.csv config column ("op=gemm bits=4 ..."); vlen is implied by the target."""
+    settings = " ".join(f"{k} = {v}" for k, v in (kv.split("=") for kv in config.split()) if k != "vlen")
+    return ir.specs_from_text(f"kernel k {{ {settings} }}")[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The report: each kind's floor, and each prefill cell's budget next to it
+
+
+def _kinds_table(blocks) -> list[str]:
+    lines = ["Best tiling of each kind (floor cycles per vmadot: the model | LLVM's measured occupancies):",
+             f"{'kind':<66}" + "".join(f"  block {blk:<11}" for blk in blocks)]
+    for f in (True, False):
+        for i in (False, True):
+            cells, name = [], ""
+            for blk in blocks:
+                (m, t), (o, _) = best(blk, fp32_in_registers=f, int4=i), best(blk, measured=True, fp32_in_registers=f, int4=i)
+                cells.append(f"  {m:4.2f} | {o:4.2f} {4 * t.a}x{4 * t.b}")
+                name = t.name.split(", ", 1)[1]
+            lines.append(f"{name:<66}" + "".join(f"{c:<19}" for c in cells))
+    return lines
+
+
+def cell_budgets(results: Path) -> list[dict]:
+    """Prefill cells of the committed bench (M 128 and 512, every shape but k/v): the cycles per vmadot
+    that 1.5x of the roofline allows on 4 cores, next to what the tuned kernel reached."""
+    p = x60.X60
+    rows = []
+    with open(results / "bench.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            if r["kernel"] != "imegen" or int(r["M"]) == 1 or r["shape"] == "k/v":
+                continue
+            vmadot_per_core = float(r["vmadot"]) / p.ime_cores
+            allowed = GOAL * float(r["roofline_ms_4cores"]) * 1e-3 * p.clock_hz / vmadot_per_core
+            rows.append({"shape": r["shape"], "M": int(r["M"]), "block": int(r["block"]), "config": r["config"],
+                         "x_model": float(r["x_roofline_4cores"]), "x_measured": float(r["x_roofline_4cores_llvm_occ"]),
+                         "bound": r["bound_4cores"], "allowed": allowed})
+    return rows
+
+
+def report(results: Path, blocks=(32, 64, 128)) -> str:
+    lines = ["imegen floors: what any IME register tiling can reach under the X60 model (MODELED lower bounds, "
+             "imegen/perf/floors.py: operand and fp32 accumulator traffic only; folds, zero points and edges come on top)", ""]
+    lines += _kinds_table(blocks)
+    lines += ["", f"Prefill cells of {results}/bench.csv not within {GOAL}x of the roofline (either view): the cycles per "
+              f"vmadot {GOAL}x allows on 4 cores, against the floor of the tuned kernel's tiling and of the best tiling:",
+              f"{'shape':<8}{'M':>4}{'block':>6}  {'x roof (model|LLVM)':>20}  {'bound':<13}{'allows':>7}  "
+              f"{'tuned tiling floor':>18}  {'best tiling floor':>17}  verdict"]
+    for c in cell_budgets(results):
+        if max(c["x_model"], c["x_measured"]) <= GOAL:
+            continue
+        own = of_spec(spec_of_config(c["config"]))
+        own_floor = max(own.per_vmadot(c["block"]), own.per_vmadot(c["block"], measured=True))
+        floor, t = best_robust(c["block"])
+        if c["bound"] == "dram":
+            verdict = "DRAM-bound: a schedule moving fewer bytes, not a tile"
+        elif own_floor > c["allowed"]:
+            verdict = f"beyond its tiling; needs {t.name.split(',')[0]}-class tiles"
+        else:
+            verdict = "its tiling's floor fits: fold and loop overhead decide"
+        lines.append(f"{c['shape']:<8}{c['M']:>4}{c['block']:>6}  {c['x_model']:>9.2f} | {c['x_measured']:<8.2f}  "
+                     f"{c['bound']:<13}{c['allowed']:>7.2f}  {own_floor:>18.2f}  {floor:>11.2f} {4 * t.a}x{4 * t.b}  {verdict}")
+    return "\n".join(lines)
+

@@ -1,0 +1,64 @@
+"""The X60 model's tiling floors (imegen/perf/floors.py) are floors of the code imegen generates,
+and the hand-derived values hold."""
+
+from pathlib import Path
+
+import pytest
+
+from imegen.ir import specs_from_text
+from imegen.perf import floors, occupancy
+from imegen.plan import plan_kernel
+
+ROOT = Path(__file__).resolve().parents[1]
+IME = "target = ime  compute = int8  bits = 4  zero_point = asymmetric  unpack = planar  scales = inline"
+# Admitted IME gemm configs of every kind the tuner ranks (staged and in-tile B, fp32 accumulators in
+# registers and in memory, both spreads, fp16 scales).
+CONFIGS = [
+    "tile = 8x8  k_unroll = 2  panel = 8  block = 32  stage_b = m_block  scale_type = fp16  a_scale_type = fp16",
+    "tile = 8x8  k_unroll = 2  panel = 8  block = 64  stage_b = m_block  spread = per_register",
+    "tile = 4x8  k_unroll = 2  panel = 8  block = 32  stage_b = m_block",
+    "tile = 8x8  k_unroll = 2  panel = 8  block = 32  spread = per_register",
+    "tile = 8x16  k_unroll = 2  panel = 16  block = 128  spread = per_register",
+    "tile = 8x12  k_unroll = 2  panel = 12  block = 64  spread = per_register  scale_type = fp16",
+    "tile = 4x16  k_unroll = 2  panel = 16  block = 32",
+    "tile = 12x4  k_unroll = 2  panel = 4  block = 128",
+]
+
+
+@pytest.mark.parametrize("settings", CONFIGS)
+def test_floor_is_below_the_generated_tile_in_both_views(settings):
+    """A floor a generated kernel beats would be wrong: every admitted tile fits the floor's register
+    count, and its static (tile, block) cycles are at or above the floor under both views."""
+    spec = specs_from_text(f"kernel t {{ op = gemm  {IME}  {settings} }}")[0]
+    plan = plan_kernel(spec)
+    t = floors.of_spec(spec)
+    assert t in floors.tilings()
+    est = occupancy.tile_block(plan)
+    for view, measured in (("model", False), ("llvm", True)):
+        assert est[view].vmadots == t.a * t.b * spec.block // 8
+        assert est[view].per_vmadot >= t.per_vmadot(spec.block, measured) - 1e-9, (view, est[view])
+
+
+def test_hand_derived_floors():
+    # 8x8 staged: 2 A + 2 B registers a k-step for 4 vmadot, 2 VLS cycles each, at any block.
+    staged = floors.Tiling(2, 2, fp32_in_registers=True, int4=False)
+    assert staged.registers == 20
+    assert [staged.per_vmadot(b, m) for b in (32, 64, 128) for m in (False, True)] == [2.0] * 6
+    # 8x16 with 4-bit codes and fp32 accumulators in memory, block 128: (2 + 2) x 16 + 4 x 8 = 96 registers
+    # moved (192 VLS cycles) for 128 vmadot.
+    assert floors.Tiling(2, 4, False, True).per_vmadot(128) == 1.5
+    # With fp32 accumulators in registers no tile beyond 6 vmadot tiles fits: int8 B bottoms out at 8x12 / 12x8.
+    cost, t = floors.best(32, fp32_in_registers=True, int4=False)
+    assert cost == pytest.approx(5 / 3) and t.a * t.b == 6
+    assert floors.Tiling(3, 3, True, False).registers > floors.REGISTERS
+    # Folding fp32 accumulators through memory costs 8 VLS cycles per vmadot tile and block: 2 per vmadot at block 32.
+    assert floors.Tiling(3, 4, False, False).per_vmadot(32) == pytest.approx(2 * 7 / 12 + 2)
+
+
+def test_report_names_the_cells_the_tuned_tiling_cannot_reach():
+    text = floors.report(ROOT / "bench" / "results")
+    cells = {tuple(line.split()[:3]): line for line in text.splitlines() if line.split()[:1] in (["gate/up"], ["lm_head"], ["down"])}
+    assert ("lm_head", "512", "32") in cells and "beyond its tiling" in cells[("lm_head", "512", "32")]
+    assert "DRAM-bound" in cells[("down", "512", "32")]
+    for c in floors.cell_budgets(ROOT / "bench" / "results"):  # 1.5x of a roofline of 1 cycle per vmadot or more
+        assert c["allowed"] >= 1.5 - 1e-9
