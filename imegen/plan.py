@@ -550,6 +550,7 @@ STAGED_PER_REGISTER_ROW_INDEX = tuple(v for mi in range(2) for j in range(2)
 STAGED_FP16_ROW_INDEX = tuple(4 * mi + lane // 4 for mi in range(2) for lane in range(16))
 # Register map of the staged kernels (ir.register_budget): accumulators from v0, then
 B_STAGED, A_STAGED, SCALES_STAGED, TABLES_STAGED = 16, 20, 24, 28
+STAGED_FP16_SCALE_BYTES = 16  # a16: a block's 8 fp16 B scales, staged as they are (the fold spreads them)
 
 
 def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
@@ -558,7 +559,8 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
     Per N tile and M block, `stage` writes for every block the B tiles each loop iteration loads
     (high then low nibbles minus the zero points, signed: 4 registers, one whole-register load) and
     the block's 8 B scales spread over the lanes of a row tile's two accumulator pairs (fp16 ones
-    widened first). A tile's block is then: zero the int32 accumulators, per iteration one A and one
+    widened first; with a_scale_type = fp16 the 8 fp16 scales as they are, which the fold spreads).
+    A tile's block is then: zero the int32 accumulators, per iteration one A and one
     B load and 4ma vmadots, and the fold: one vfcvt, one load of the spread B scales, one strided
     load of the A scales and per row tile a vrgatherei16 (row table kept in registers), a vfmul and
     a vfmacc on LMUL-4 groups."""
@@ -601,10 +603,14 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
     zero_fp32 = ((AsmOp("vset", f"vsetvli t0, zero, e32, m{g}, ta, ma"), AsmOp("vmv", f"vmv.v.i v{g}, 0", "fp32 accumulators"))
                  if a_fp16 else (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
                                  *(AsmOp("vmv", f"vmv.v.i v{r}, 0", "fp32 accumulators") for row in facc for r in row)))
-    acc_zero = ((AsmOp("vmv", f"vmv.v.i v0, 0", f"int32 accumulators v0-v{g - 1} (e32, m{g} already)"),) if a_fp16
+    # x - x: the integer unit's cheapest zero (LLVM's X60: vsub 8 cycles at LMUL 8, vmv.v.i 16)
+    acc_zero = ((AsmOp("vsub", f"vsub.vv v0, v0, v0", f"int32 accumulators v0-v{g - 1} (e32, m{g} already)"),) if a_fp16
                 else _acc_zero(g, on_vfp=True, halves=per_register))
+    col_tables = ((AsmOp("addi", f"addi t0, %[idx16], {32 * ma}"),
+                   AsmOp("vle16", f"vl2re16.v v{SCALES_STAGED + 2}, (t0)", "e16 column tables, for every block")) if a_fp16 else ())
     tile_start = (*zero_fp32,
                   AsmOp("vle16", f"vl{ma if a_fp16 else 2 * ma}re16.v v{T}, (%[idx16])", "e16 row tables, for every block"),
+                  *col_tables,
                   AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
     block_end = (AsmOp("addi", f"addi %[sa], %[sa], {(2 if a_fp16 else 4) * 4 * ma}", "next block's A scales"),
                  AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
@@ -617,10 +623,10 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
         facc_floats=ma * na * 16, facc_at=f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4",
         facc_regs=facc, direct_store=direct_store, tile_start=tile_start, block_end=block_end,
         tile_end=_tile_end(acc, facc, direct_store),
-        index16=(STAGED_FP16_ROW_INDEX[:16 * ma] if a_fp16 else
+        index16=(STAGED_FP16_ROW_INDEX[:16 * ma] + STAGED_COLUMN_INDEX if a_fp16 else
                  (STAGED_PER_REGISTER_ROW_INDEX if per_register else STAGED_ROW_INDEX)[:32 * ma]),
         acc_zero=acc_zero, unrolled=unrolled, entry_vset=True,
-        stage=_stage_b(spec, iterations), stage_block_bytes=iterations * 128 + (64 if a_fp16 else 128),
+        stage=_stage_b(spec, iterations), stage_block_bytes=iterations * 128 + (STAGED_FP16_SCALE_BYTES if a_fp16 else 128),
         stage_index=STAGED_COLUMN_INDEX,
     )
 
@@ -655,23 +661,27 @@ def _staged_fp32_fold(ma: int, acc, facc, vt: "_Vtype", per_register: bool) -> N
 
 
 def _staged_fp16_fold(ma: int, vt: "_Vtype") -> None:
-    """a_scale_type = fp16 (appended through vt): the spread B scales (fp16, 64 B: v24 column tile 0,
-    v25 column tile 1) and the tile's A scales (fp16) loaded; per row tile one e16 LMUL-1 gather
-    spreads its 4 A scales over a 4x4 tile's 16 lanes, and two vfwmul give scale_a * scale_b exactly
-    in fp32 (11 by 11 significant bits fit fp32's 24) for its two column tiles, into products v16..
-    laid out as the accumulators. The A load reads 16 halves (8 used): the rest is the next
-    block's, or the unused half of the fp32-sized scale region. The caller then converts the dots
-    and folds them with one vfmacc (one vsetvli for both).
-    Spreading the A scales in the A quantization instead (each scale four times, one whole-register
-    load, no gathers: 11 fold instructions) was measured: VLS 38 -> 40 cycles per (tile, block)
-    of 8x8 block 32 under the model (39 -> 40 under LLVM's occupancies), and VLS binds at M = 512."""
+    """a_scale_type = fp16 (appended through vt): the block's 8 staged fp16 B scales and the tile's
+    fp16 A scales loaded at vl 8 (16 bytes each: one VLS beat under the model); two e16 LMUL-1
+    gathers spread the B scales over column tile 0's and 1's lanes (v24, v25; lane -> column tables
+    v26, v27), one per row tile its 4 A scales over a 4x4 tile's 16 lanes, and two vfwmul give
+    scale_a * scale_b exactly in fp32 (11 by 11 significant bits fit fp32's 24) for its two column
+    tiles, into products v16.. laid out as the accumulators. The caller then converts the dots and
+    folds them with one vfmacc (one vsetvli for both).
+    Measured alternatives: the B scales staged already spread (64 B, one whole-register load, no
+    gathers: 4 more VLS beats per (tile, block)); the A scales spread by the A quantization (each
+    four times, no gathers: VLS 38 -> 40 cycles per (tile, block) of 8x8 block 32 under the model).
+    VLS binds at M = 512, the gathers go to the integer unit."""
     SB, P, T = SCALES_STAGED, B_STAGED, TABLES_STAGED
-    SA, SPREAD = 30, 31  # above the row tables (v28, v29)
+    CT, SA, SPREAD = SB + 2, 30, 31  # column tables v26, v27; row tables v28.. (T)
     fold = vt.ops
-    fold += [AsmOp("vle16", f"vl2re16.v v{SB}, (%[b])", "staged fp16 B scales: column tile 0 (v24), 1 (v25)"),
-             AsmOp("addi", "addi %[b], %[b], 64")]
+    vt(8, "e16", "m1")
+    fold += [AsmOp("vle16", f"vle16.v v{SPREAD}, (%[b])", "staged fp16 B scales, columns 0..7"),
+             AsmOp("addi", f"addi %[b], %[b], {STAGED_FP16_SCALE_BYTES}"),
+             AsmOp("vle16", f"vle16.v v{SA}, (%[sa])", f"fp16 A scales, rows 0..{4 * ma - 1} (adjacent: _a_scale_group)")]
     vt(16, "e16", "m1")
-    fold.append(AsmOp("vle16", f"vle16.v v{SA}, (%[sa])", f"fp16 A scales, rows 0..{4 * ma - 1} (adjacent: _a_scale_group)"))
+    fold += [AsmOp("vrgather", f"vrgatherei16.vv v{SB + ni}, v{SPREAD}, v{CT + ni}", f"B scales of columns {4 * ni}..{4 * ni + 3}")
+             for ni in range(2)]
     for mi in range(ma):
         fold.append(AsmOp("vrgather", f"vrgatherei16.vv v{SPREAD}, v{SA}, v{T + mi}", f"A scales of rows {4 * mi}..{4 * mi + 3}"))
         fold += [AsmOp("vfwmul", f"vfwmul.vv v{P + 4 * mi + 2 * ni}, v{SPREAD}, v{SB + ni}",
@@ -683,7 +693,9 @@ def _stage_b(spec: KernelSpec, iterations: int) -> tuple[AsmOp, ...]:
     the tile loop of a non-staged kernel would (vand/vsrl, minus the spread zero points or 8) and
     stored whole, then its 8 B scales spread by the lane -> column table (v16): as fp32, or with
     a_scale_type = fp16 as the fp16 values the fold multiplies."""
-    ops = [AsmOp("vle16", "vl2re16.v v16, (%[cols])", "lane -> column, for every block"), AsmOp("label", "2:", "each block")]
+    spread = spec.a_scale_type != "fp16"  # fp32 B scales are staged spread over the fold's lanes
+    ops = [*((AsmOp("vle16", "vl2re16.v v16, (%[cols])", "lane -> column, for every block"),) if spread else ()),
+           AsmOp("label", "2:", "each block")]
     asym = spec.zero_point == "asymmetric"
     if asym:
         ops += [AsmOp("vset", "vsetivli zero, 8, e8, m1, ta, ma"), AsmOp("vle8", "vle8.v v8, (%[zp])", "the 8 columns' zero points"),
@@ -696,11 +708,10 @@ def _stage_b(spec: KernelSpec, iterations: int) -> tuple[AsmOp, ...]:
                 AsmOp("vsrl", "vsrl.vi v0, v0, 4", "high nibbles: k-step 1"), AsmOp("vset", "vsetvli t0, zero, e8, m4, ta, ma"),
                 AsmOp("vsub", "vsub.vv v0, v0, v4", "- zero points") if asym else AsmOp("vadd", "vadd.vi v0, v0, -8", "- 8"),
                 AsmOp("vse8", "vs4r.v v0, (%[out])"), AsmOp("addi", "addi %[out], %[out], 128")]
-    if spec.a_scale_type == "fp16":  # the fold multiplies fp16 scales (_staged_fp16_fold): spread as they are
+    if spec.a_scale_type == "fp16":  # the fold multiplies fp16 scales and spreads them (_staged_fp16_fold)
         ops += [AsmOp("vset", "vsetivli zero, 8, e16, mf2, ta, ma"), AsmOp("vle16", "vle16.v v12, (%[sb])", "B fp16 scales"),
-                AsmOp("vset", "vsetvli t0, zero, e16, m2, ta, ma"),
-                AsmOp("vrgather", "vrgatherei16.vv v8, v12, v16", "spread: lane -> its column's scale"),
-                AsmOp("vse16", "vs2r.v v8, (%[out])"), AsmOp("addi", "addi %[out], %[out], 64")]
+                AsmOp("vse16", "vse16.v v12, (%[out])", "as they are"),
+                AsmOp("addi", f"addi %[out], %[out], {STAGED_FP16_SCALE_BYTES}")]
     else:
         if spec.scale_type == "fp16":
             ops += [AsmOp("vset", "vsetivli zero, 8, e16, mf2, ta, ma"), AsmOp("vle16", "vle16.v v12, (%[sb])", "B fp16 scales"),
