@@ -129,6 +129,7 @@ def test_bench_quick(plugin_so, tmp_path, capsys):
     stock = {r["M"]: int(r["instructions_per_run"]) for r in ort if r["path"] == "stock ORT" and r["threads"] == "1"}
     assert stock["128"] > 2 * stock["1"]
     assert (tmp_path / "bench.png").stat().st_size > 10_000
+    assert "Best tiling of each kind" in (tmp_path / "floors.txt").read_text()  # imegen floors of this run
     assert (tmp_path / "tuned.imegen").read_text().count("kernel qwen_q_o_m") == 2
     specs_from_text((tmp_path / "tuned.imegen").read_text())  # the written spec is valid DSL
 

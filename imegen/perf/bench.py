@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import ir
 from ..plan import plan_kernel
-from . import llama_real, ort_model, ort_rows, tune, x60
+from . import floors, llama_real, ort_model, ort_rows, tune, x60
 from .measure import METHOD
 from .tune import Case, Evaluation, settings_of, validate
 from .workload import (BLOCKS, DECODE_M, LLAMA_CPP_SOURCE, PREFILL_M, PUBLISHED, PUBLISHED_PP512_TPS, QWEN25_05B, shapes,
@@ -625,7 +625,8 @@ def write_outputs(res: BenchResult, out_dir: Path, text: str) -> list[Path]:
     written = tune.write_outputs(res.tuned, out_dir)
     (out_dir / "bench.txt").write_text(text + "\n")
     (out_dir / "bench.csv").write_text(write_csv(res))
-    written += [out_dir / "bench.txt", out_dir / "bench.csv"]
+    (out_dir / "floors.txt").write_text(floors.report(out_dir) + "\n")  # static, from the bench.csv just written
+    written += [out_dir / "bench.txt", out_dir / "bench.csv", out_dir / "floors.txt"]
     if res.ort:
         (out_dir / "ort.csv").write_text(ort_rows.write_csv(res, list(res.ort)))
         written.append(out_dir / "ort.csv")
