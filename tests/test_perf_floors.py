@@ -34,21 +34,21 @@ def test_floor_is_below_the_generated_tile_in_both_views(settings):
     t = floors.of_spec(spec)
     assert t in floors.tilings()
     est = occupancy.tile_block(plan)
-    for view, measured in (("model", False), ("llvm", True)):
+    for view, floor_view in (("model", "model"), ("llvm", "measured")):
         assert est[view].vmadots == t.a * t.b * spec.block // 8
-        assert est[view].per_vmadot >= t.per_vmadot(spec.block, measured) - 1e-9, (view, est[view])
+        assert est[view].per_vmadot >= t.per_vmadot(spec.block, floor_view) - 1e-9, (view, est[view])
 
 
 def test_hand_derived_floors():
     # 8x8 staged: 2 A + 2 B registers a k-step for 4 vmadot, 2 VLS cycles each, at any block.
     staged = floors.Tiling(2, 2, fp32_in_registers=True, int4=False)
     assert staged.registers == 20
-    assert [staged.per_vmadot(b, m) for b in (32, 64, 128) for m in (False, True)] == [2.0] * 6
+    assert [staged.per_vmadot(b, v) for b in (32, 64, 128) for v in ("model", "measured", "robust")] == [2.0] * 9
     # 8x16 with 4-bit codes and fp32 accumulators in memory, block 128: (2 + 2) x 16 + 4 x 8 = 96 registers
     # moved (192 VLS cycles) for 128 vmadot.
     assert floors.Tiling(2, 4, False, True).per_vmadot(128) == 1.5
     # With fp32 accumulators in registers no tile beyond 6 vmadot tiles fits: int8 B bottoms out at 8x12 / 12x8.
-    cost, t = floors.best(32, fp32_in_registers=True, int4=False)
+    cost, t = floors.best(32, "robust", fp32_in_registers=True, int4=False)
     assert cost == pytest.approx(5 / 3) and t.a * t.b == 6
     assert floors.Tiling(3, 3, True, False).registers > floors.REGISTERS
     # Folding fp32 accumulators through memory costs 8 VLS cycles per vmadot tile and block: 2 per vmadot at block 32.

@@ -62,8 +62,10 @@ class Tiling:
         return {"ime": vmadot, "issue": vmadot + moved / 8, "vls": VLS_PER_REGISTER * moved,
                 "vieu": self.b * s * (2 if measured else 1) if self.int4 else 0.0}
 
-    def per_vmadot(self, block: int, measured: bool = False) -> float:
-        return max(self.cycles(block, measured).values()) / (self.a * self.b * (block // 8))
+    def per_vmadot(self, block: int, view: str = "model") -> float:
+        """view: "model" (x60.py's charges), "measured" (LLVM's occupancies) or "robust" (the slower)."""
+        views = (False, True) if view == "robust" else (view == "measured",)
+        return max(max(self.cycles(block, m).values()) for m in views) / (self.a * self.b * (block // 8))
 
 
 def tilings() -> list[Tiling]:
@@ -72,16 +74,11 @@ def tilings() -> list[Tiling]:
             if (t := Tiling(a, b, f, i)).registers <= REGISTERS]
 
 
-def best(block: int, measured: bool = False, **kind) -> tuple[float, Tiling]:
-    """The lowest floor at a block among tilings of the given kind (fp32_in_registers=, int4=)."""
+def best(block: int, view: str = "model", **kind) -> tuple[float, Tiling]:
+    """The lowest floor at a block among tilings of the given kind (fp32_in_registers=, int4=), fewest
+    registers first on a tie."""
     pool = [t for t in tilings() if all(getattr(t, k) == v for k, v in kind.items())]
-    return min(((t.per_vmadot(block, measured), t) for t in pool), key=lambda x: (x[0], x[1].registers))
-
-
-def best_robust(block: int) -> tuple[float, Tiling]:
-    """The lowest floor at a block under the slower of the two views (the tuner's robust ranking)."""
-    return min(((max(t.per_vmadot(block), t.per_vmadot(block, measured=True)), t) for t in tilings()),
-               key=lambda x: (x[0], x[1].registers))
+    return min(((t.per_vmadot(block, view), t) for t in pool), key=lambda x: (x[0], x[1].registers))
 
 
 def of_spec(s: ir.KernelSpec) -> Tiling:
@@ -106,7 +103,7 @@ def _kinds_table(blocks) -> list[str]:
         for i in (False, True):
             cells, name = [], ""
             for blk in blocks:
-                (m, t), (o, _) = best(blk, fp32_in_registers=f, int4=i), best(blk, measured=True, fp32_in_registers=f, int4=i)
+                (m, t), (o, _) = (best(blk, view, fp32_in_registers=f, int4=i) for view in ("model", "measured"))
                 cells.append(f"  {m:4.2f} | {o:4.2f} {4 * t.a}x{4 * t.b}")
                 name = t.name.split(", ", 1)[1]
             lines.append(f"{name:<66}" + "".join(f"{c:<19}" for c in cells))
@@ -142,14 +139,12 @@ def report(results: Path, blocks=(32, 64, 128)) -> str:
         if max(c["x_model"], c["x_measured"]) <= GOAL:
             continue
         own = of_spec(spec_of_config(c["config"]))
-        own_floor = max(own.per_vmadot(c["block"]), own.per_vmadot(c["block"], measured=True))
-        floor, t = best_robust(c["block"])
-        if c["bound"] == "dram":
-            verdict = "DRAM-bound: a schedule moving fewer bytes, not a tile"
-        elif own_floor > c["allowed"]:
-            verdict = f"beyond its tiling; needs {t.name.split(',')[0]}-class tiles"
-        else:
-            verdict = "its tiling's floor fits: fold and loop overhead decide"
+        own_floor = own.per_vmadot(c["block"], "robust")
+        floor, t = best(c["block"], "robust")
+        verdict = "; ".join(
+            (["DRAM-bound: needs a schedule moving fewer bytes"] if c["bound"] == "dram" else [])
+            + [f"beyond its tiling's floor: needs {4 * t.a}x{4 * t.b}-class tiles" if own_floor > c["allowed"]
+               else "its tiling's floor fits: the fold and loop overhead decide"])
         lines.append(f"{c['shape']:<8}{c['M']:>4}{c['block']:>6}  {c['x_model']:>9.2f} | {c['x_measured']:<8.2f}  "
                      f"{c['bound']:<13}{c['allowed']:>7.2f}  {own_floor:>18.2f}  {floor:>11.2f} {4 * t.a}x{4 * t.b}  {verdict}")
     return "\n".join(lines)
