@@ -550,6 +550,7 @@ STAGED_PER_REGISTER_ROW_INDEX = tuple(v for mi in range(2) for j in range(2)
 STAGED_FP16_ROW_INDEX = tuple(4 * mi + lane // 4 for mi in range(2) for lane in range(16))
 # Register map of the staged kernels (ir.register_budget): accumulators from v0, then
 B_STAGED, A_STAGED, SCALES_STAGED, TABLES_STAGED = 16, 20, 24, 28
+COLUMN_TABLES_STAGED = SCALES_STAGED + 2  # a16: the fold's two e16 lane -> column tables (v26, v27)
 STAGED_FP16_SCALE_BYTES = 16  # a16: a block's 8 fp16 B scales, staged as they are (the fold spreads them)
 
 
@@ -607,7 +608,7 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
     acc_zero = ((AsmOp("vsub", f"vsub.vv v0, v0, v0", f"int32 accumulators v0-v{g - 1} (e32, m{g} already)"),) if a_fp16
                 else _acc_zero(g, on_vfp=True, halves=per_register))
     col_tables = ((AsmOp("addi", f"addi t0, %[idx16], {32 * ma}"),
-                   AsmOp("vle16", f"vl2re16.v v{SCALES_STAGED + 2}, (t0)", "e16 column tables, for every block")) if a_fp16 else ())
+                   AsmOp("vle16", f"vl2re16.v v{COLUMN_TABLES_STAGED}, (t0)", "e16 column tables, for every block")) if a_fp16 else ())
     tile_start = (*zero_fp32,
                   AsmOp("vle16", f"vl{ma if a_fp16 else 2 * ma}re16.v v{T}, (%[idx16])", "e16 row tables, for every block"),
                   *col_tables,
@@ -673,7 +674,7 @@ def _staged_fp16_fold(ma: int, vt: "_Vtype") -> None:
     four times, no gathers: VLS 38 -> 40 cycles per (tile, block) of 8x8 block 32 under the model).
     VLS binds at M = 512, the gathers go to the integer unit."""
     SB, P, T = SCALES_STAGED, B_STAGED, TABLES_STAGED
-    CT, SA, SPREAD = SB + 2, 30, 31  # column tables v26, v27; row tables v28.. (T)
+    CT, SA, SPREAD = COLUMN_TABLES_STAGED, 30, 31  # row tables v28.. (T)
     fold = vt.ops
     vt(8, "e16", "m1")
     fold += [AsmOp("vle16", f"vle16.v v{SPREAD}, (%[b])", "staged fp16 B scales, columns 0..7"),

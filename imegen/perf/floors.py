@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import ir
-from . import x60
+from ..errors import SpecError
+from . import tune, x60
 
 REGISTERS = 32
 VLS_PER_REGISTER = 2  # cycles per 32-byte register, both views (LMUL >= 2 loads; LMUL 1 costs 3 under LLVM's)
@@ -87,9 +88,11 @@ def of_spec(s: ir.KernelSpec) -> Tiling:
 
 
 def spec_of_config(config: str) -> ir.KernelSpec:
-    """The spec of a bench.csv config column ("op=gemm bits=4 ..."); vlen is implied by the target."""
-    settings = " ".join(f"{k} = {v}" for k, v in (kv.split("=") for kv in config.split()) if k != "vlen")
-    return ir.specs_from_text(f"kernel k {{ {settings} }}")[0]
+    """The spec of a bench.csv config column ("op=gemm bits=4 ..."), through the tuner's validator."""
+    spec = tune.validate(dict(kv.split("=") for kv in config.split()))
+    if isinstance(spec, SpecError):
+        raise spec
+    return spec
 
 
 # ---------------------------------------------------------------------------------------------
