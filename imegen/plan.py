@@ -170,6 +170,11 @@ class KernelPlan:
         return "m * kb + blk" if g == 1 else f"((m / {g}) * kb + blk) * {g} + m % {g}"
 
     @property
+    def a_row_tail(self) -> str:
+        """C expr in m, Kpad: where row m's a_tail_pad bytes start (gemv: right after its Kpad codes, _a_index)."""
+        return f"m * (Kpad + {self.a_tail_pad}) + Kpad"
+
+    @property
     def a_scale_ctype(self) -> str:
         """The C type of A's block scales in the workspace: fp32, or with a_scale_type = fp16 its bits;
         gemv's as 32-bit words 0xffff0000 | bits, which flw loads as a NaN-boxed fp16 value, the
@@ -628,7 +633,7 @@ def _staged_ime_plan(spec: KernelSpec) -> ImePlan:
                  (STAGED_PER_REGISTER_ROW_INDEX if per_register else STAGED_ROW_INDEX)[:32 * ma]),
         acc_zero=acc_zero, unrolled=unrolled, entry_vset=True,
         stage=_stage_b(spec, iterations), stage_block_bytes=iterations * 128 + (STAGED_FP16_SCALE_BYTES if a_fp16 else 128),
-        stage_index=STAGED_COLUMN_INDEX,
+        stage_index=() if a_fp16 else STAGED_COLUMN_INDEX,  # a16 stages its scales as they are: no spread
     )
 
 

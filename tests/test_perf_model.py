@@ -54,19 +54,29 @@ def test_dram_traffic_streams_b_once_per_m_block():
     # 1120 workspace bytes per row: M blocks of 384 KiB / 1120 = 351 -> 348 rows (a multiple of the tile)
     big = x60.dram_traffic(plan, 512, 896, 896)
     assert big.b_passes == 2
-    ws = x60.workspace_bytes(plan, 512, 896)
     assert x60.packed_b_bytes(plan, 896, 896) == 56 * 28 * (256 + 64 + 16)
-    assert big.dram == 2 * x60.packed_b_bytes(plan, 896, 896) + 4 * 512 * 896 + ws + 4 * 512 * 896
+    # matmul quantizes each M block into one reused buffer: written back once, one block's worth
+    buffer = x60.workspace_bytes(plan, 348, 896)
+    assert buffer < x60.workspace_bytes(plan, 512, 896)
+    assert big.dram == 2 * x60.packed_b_bytes(plan, 896, 896) + 4 * 512 * 896 + buffer + 4 * 512 * 896
+
+
+def test_a_workspace_prepared_whole_is_read_back_when_it_outgrows_the_l2():
+    """fp32 staging prepares all of A first: written once and, beyond the A block budget, read back from DRAM."""
+    (plan,) = [plan_kernel(s) for s in specs_from_text("kernel a { compute = fp32 target = rvv tile = 4x16 }")]
+    small, big = x60.workspace_bytes(plan, 8, 896), x60.workspace_bytes(plan, 512, 896)
+    assert small < plan.a_block_bytes < big
+    assert x60.a_workspace_dram(plan, 8, 896, 1) == small and x60.a_workspace_dram(plan, 512, 896, 1) == 2 * big
 
 
 def test_least_dram_is_a_floor_of_the_kernels_schedule():
     """least_dram gives A the whole L2 and any number of K chunks: never more than the kernel's own schedule
-    moves, equal where one M block already holds A, and at Qwen's down projection with M = 512 (K = 4864)
+    moves, equal but for A's workspace buffer where one M block already holds A, and at Qwen's down projection with M = 512 (K = 4864)
     above the 1.5 x roofline bytes the issue asks for (B must stream several times, or C be re-read)."""
     (plan,) = [plan_kernel(s) for s in specs_from_text("kernel a { compute = int8 target = ime tile = 8x8 zero_point = asymmetric }")]
     for M, N, K in [(128, 896, 896), (512, 4864, 896), (128, 896, 4864), (512, 896, 4864), (512, 151936, 896)]:
         assert x60.least_dram(plan, M, N, K) <= x60.dram_traffic(plan, M, N, K).dram
-    assert x60.least_dram(plan, 128, 896, 896) == x60.dram_traffic(plan, 128, 896, 896).dram
+    assert x60.least_dram(plan, 128, 896, 896) == x60.dram_traffic(plan, 128, 896, 896).dram - x60.a_workspace_dram(plan, 128, 896, 1)
     floor = x60.least_dram(plan, 512, 896, 4864)
     assert floor < x60.dram_traffic(plan, 512, 896, 4864).dram
     assert floor > 1.5 * x60.compulsory_bytes(512, 896, 4864, 32)
@@ -80,3 +90,15 @@ def test_modeled_time_is_max_of_core_and_dram():
     m = x60.model(plan, 1, 896, 896, {"kernel.int": 2}, cores=4)
     assert m.bound == "dram" and m.time_s == m.dram_s
     assert m.efficiency == pytest.approx(m.time_s / m.roofline_s) and m.efficiency >= 1.0
+
+
+def test_llama_q8_workspace_is_read_back_when_it_outgrows_the_l2():
+    """llama.cpp's ime.cpp quantizes all of A before its barrier: its Q8 workspace (36 bytes per 32 values)
+    is written once and, beyond the L2, read back from DRAM by the tasks."""
+    from imegen.perf import llama_real
+    def others(M, N, K):
+        w = N * K // 32 * 18
+        passes = llama_real.split(1, M, N)[2] if w > x60.X60.l2_bytes // 2 else 1
+        return w * passes + 4 * M * K + 4 * M * N
+    assert llama_real.dram_bytes(1, 896, 4864) == others(1, 896, 4864) + 152 * 36
+    assert llama_real.dram_bytes(512, 896, 4864) == others(512, 896, 4864) + 2 * 512 * 152 * 36

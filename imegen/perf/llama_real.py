@@ -302,12 +302,14 @@ VMADOT_LATENCY = 4  # ASSUMPTION (SpacemiT publishes throughput, not latency): c
 
 def dram_bytes(M: int, N: int, K: int, p=None) -> float:
     """Q4_0 weights (18 bytes per 32) once per M task when they exceed half the L2, A fp32, the Q8
-    workspace written once, C fp32."""
+    workspace written once (ime.cpp quantizes all of A before its barrier, then the tasks read it: back
+    from DRAM once more when it outgrows the L2), C fp32."""
     from . import x60
     p = p or x60.X60
     w = N * K // 32 * 18
     passes = split(1, M, N)[2] if w > p.l2_bytes // 2 else 1
-    return w * passes + 4 * M * K + M * (K // 32) * 36 + 4 * M * N
+    q8 = M * (K // 32) * 36
+    return w * passes + 4 * M * K + q8 * (2 if q8 > p.l2_bytes else 1) + 4 * M * N
 
 
 def modeled_s(counts: dict, M: int, N: int, K: int, p=None) -> tuple[float, float]:

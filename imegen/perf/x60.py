@@ -43,8 +43,11 @@ chains. Kernel time = max(core time, DRAM time): transfers overlap computation p
 
 DRAM traffic of one matmul call (abi_imegen.c.j2's loop order: K chunks (k_chunks), M blocks whose
 workspace rows over a chunk's K fit 3/4 of the L2 (plan.A_BLOCK_BYTES), then N tiles, then M tiles):
-the packed B once per M block; A (fp32) read once; the A workspace written once and re-read from L2;
-C written once, and re-read and rewritten once per further K chunk. L1/L2 bandwidth is not modeled.
+the packed B once per M block; A (fp32) read once; C written once, and re-read and rewritten once per
+further K chunk; the A workspace (a_workspace_dram): int8 kernels of imegen's ABI quantize each M block
+just before its N tiles into one buffer every block reuses, which stays in the L2 and is written back
+once; a workspace prepared whole first (fp32 staging, MLAS's ABI) is written once and, when it is larger
+than the A block budget, read back from DRAM once more. L1/L2 bandwidth is not modeled.
 
 Roofline: max(2MNK / IME peak of the cores used, compulsory bytes / 5.24 GB/s), compulsory
 bytes = the weights in the most compact format imegen or ONNX Runtime stores (int4 codes, fp16
@@ -253,14 +256,29 @@ def k_chunks(plan: KernelPlan, M: int, N: int, K: int) -> int:
     if plan.forced_k_chunks:
         return min(plan.forced_k_chunks, -(-K // plan.spec.block))
     kb = -(-K // plan.spec.block)
-    return min((_traffic(plan, M, N, K, q).dram, q) for q in range(1, min(4, kb) + 1))[1]
+    def cost(q: int) -> int:  # the C code's criterion: B passes and C round trips
+        return -(-M // m_block_rows(plan, chunk_k(plan, K, q))) * packed_b_bytes(plan, N, K) + (2 * q - 1) * 4 * M * N
+    return min((cost(q), q) for q in range(1, min(4, kb) + 1))[1]
 
 
-def _traffic(plan: KernelPlan, M: int, N: int, K: int, q: int) -> Traffic:
-    """DRAM bytes of one call in q K chunks: B once per M block, A (fp32) read and its workspace written
-    once, C written once and re-read and rewritten once per further chunk."""
+def a_workspace_dram(plan: KernelPlan, M: int, K: int, q: int) -> int:
+    """DRAM bytes of A's workspace in a call of q K chunks (the module docstring): one M block's buffer
+    written back once when each block is quantized into it (abi_imegen.c.j2's run), else the whole
+    workspace written, and read back when it outgrows the A block budget."""
+    s = plan.spec
+    if s.abi == "imegen" and s.compute == "int8":
+        ck = chunk_k(plan, K, q)
+        return workspace_bytes(plan, min(M, m_block_rows(plan, ck)), ck)
+    ws = workspace_bytes(plan, M, K)
+    return ws * (2 if ws > plan.a_block_bytes else 1)
+
+
+def _traffic(plan: KernelPlan, M: int, N: int, K: int, q: int, workspace: bool = True) -> Traffic:
+    """DRAM bytes of one call in q K chunks: B once per M block, A (fp32) read once, A's workspace
+    (a_workspace_dram; not with workspace=False), C written once and re-read and rewritten once per further chunk."""
     passes = -(-M // m_block_rows(plan, chunk_k(plan, K, q)))
-    dram = packed_b_bytes(plan, N, K) * passes + 4 * M * K + workspace_bytes(plan, M, K) + 4 * M * N * (2 * q - 1)
+    ws = a_workspace_dram(plan, M, K, q) if workspace else 0
+    dram = packed_b_bytes(plan, N, K) * passes + 4 * M * K + ws + 4 * M * N * (2 * q - 1)
     return Traffic(float(dram), passes)
 
 
@@ -271,9 +289,10 @@ def dram_traffic(plan: KernelPlan, M: int, N: int, K: int, p: X60Params = X60) -
 
 def least_dram(plan: KernelPlan, M: int, N: int, K: int, p: X60Params = X60) -> float:
     """The fewest DRAM bytes any schedule of the kernel's kind moves (K chunks, M blocks, then N tiles):
-    any number of K chunks, A's M blocks given the whole L2 (not 3/4 of it). A floor for a DRAM-bound call."""
+    any number of K chunks, A's M blocks given the whole L2 (not 3/4 of it), and A's workspace never
+    leaving it (a reused M block buffer need not be written back). A floor for a DRAM-bound call."""
     whole = replace(plan, a_block_bytes=p.l2_bytes, forced_k_chunks=0)
-    return min(_traffic(whole, M, N, K, q).dram for q in range(1, -(-K // plan.spec.block) + 1))
+    return min(_traffic(whole, M, N, K, q, workspace=False).dram for q in range(1, -(-K // plan.spec.block) + 1))
 
 
 # ---------------------------------------------------------------------------------------------
