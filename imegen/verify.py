@@ -48,6 +48,7 @@ class Result:
     status: int
     vmadots: int
     C: np.ndarray
+    workspace_touched: int = 0  # workspace bytes the call wrote (changed from the driver's 0xa5 poison)
 
 
 @dataclass(frozen=True)
@@ -133,11 +134,11 @@ def run_cases(b: Build, cases: list[Case], *, vlen: int | None = 256) -> list[Re
     results, pos = [], 0
     for c in cases:
         M, N, _ = c.shape
-        status, vmadots = struct.unpack_from("<iQ", raw, pos)
-        pos += 12
+        status, vmadots, touched = struct.unpack_from("<iQQ", raw, pos)
+        pos += 20
         C = np.frombuffer(raw, np.float32, M * N, pos).reshape(M, N)
         pos += 4 * M * N
-        results.append(Result(status, vmadots, C))
+        results.append(Result(status, vmadots, C, touched))
     return results
 
 

@@ -236,9 +236,22 @@ def test_staged_b_over_several_m_blocks(settings):
     plan = dataclasses.replace(plan, a_block_bytes=x60.staged_bytes(plan, K) + 2 * tm * row_bytes)
     assert x60.m_block_rows(plan, K) == 2 * tm
     cases = make_cases(plan, np.random.default_rng(12), [(57, 21, K), (8, 16, spec.block)], exact=True)
+    assert x60.a_workspace_dram(plan, 57, K, 1) < x60.workspace_bytes(plan, 57, K)  # one M block's buffer, not all of A
     for compiler in ("clang", "gcc"):
         for case, result in zip(cases, run_cases(build(plan, compiler=compiler), cases, vlen=256)):
             assert compare(plan, case, result, exact=True).ok, compiler
+            assert_writes_the_modeled_workspace(plan, case, result)
+
+
+def assert_writes_the_modeled_workspace(plan, case, result) -> None:
+    """matmul writes no more of its workspace than the X60 model charges to DRAM for it (one reused M block
+    buffer of quantized A: x60.a_workspace_dram) plus a staged B's scratch: the driver poisons the
+    workspace and counts the bytes that changed."""
+    from imegen.perf import x60
+
+    M, N, K = case.shape
+    allowed = x60.a_workspace_dram(plan, M, K, x60.k_chunks(plan, M, N, K)) + x60.staged_bytes(plan, K)
+    assert 0 < result.workspace_touched <= allowed, (result.workspace_touched, allowed)
 
 
 @pytest.mark.parametrize("settings", [
@@ -472,3 +485,5 @@ def test_k_chunks(settings):
         for compiler in ("clang",) if spec.target == "rvv" else ("clang", "gcc"):  # GCC 12: no riscv_vector.h
             for case, result in zip(cases, run_cases(build(p, compiler=compiler), cases, vlen=256)):
                 assert compare(p, case, result, exact=True).ok, (compiler, case.M, case.N, case.K)
+                if spec.compute == "int8":
+                    assert_writes_the_modeled_workspace(p, case, result)

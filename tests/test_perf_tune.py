@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 
 import pytest
 
@@ -98,6 +99,10 @@ def test_bench_quick(plugin_so, tmp_path, capsys):
                     "4 cores, MODELED under the model): ", "4 cores, MODELED under LLVM's measured occupancies): ",
                     "Scale precision (instructions MEASURED", "fp16-scale tuned configs costing more instructions than their fp32 twin: "):
         assert heading in out
+    # Every config tuned to fp16 scales is compared with a measured fp32 twin (bench.scale_twins).
+    precision = out.split("Scale precision (instructions MEASURED")[1].split("fp16-scale tuned configs costing")[0]
+    fp16_rows = [m for m in re.finditer(r"\s(fp16(?:/A fp16)?)\s+([\d.]+)\s+(\S+)", precision)]
+    assert fp16_rows and all(m.group(3) != "-" for m in fp16_rows)
     rows = list(csv.DictReader((tmp_path / "bench.csv").open()))
     assert [(r["M"], r["kernel"]) for r in rows] == [("1", "imegen"), ("1", "llama-4x16"), ("1", "rvv-fp32"),
                                                      ("128", "imegen"), ("128", "llama-4x16"), ("128", "rvv-fp32")]

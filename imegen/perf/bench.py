@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +56,7 @@ class BenchResult:
     llama: tuple = ()  # llama_real.LlamaRow: llama.cpp's real kernels, block 32
     ort: tuple = ()  # ort_rows.OrtRow: stock riscv64 onnxruntime per Run, and ORT + imegen's library
     whole: object = None  # ort_model.WholeModel (full runs): the whole Qwen model in stock ORT and ORT + imegen
+    twins: dict = field(default_factory=dict)  # (case, B scale type) -> the fewest-instruction twin (scale_twins)
 
     def get(self, case: Case, kind: str) -> Evaluation:
         return next(r.ev for r in self.rows if r.case == case and r.kind == kind)
@@ -87,7 +88,35 @@ def run(*, quick: bool = False, blocks=BLOCKS, jobs: int | None = None, log=None
     llama = tuple(llama_real.rows(targets, tuned, log=log))
     ort = tuple(ort_rows.rows(targets, tuned, quick=quick, log=log))
     whole = None if quick else ort_model.run(tuned, list(ort), log=log)
-    return BenchResult(rows, tuned, quick, llama, ort, whole)
+    return BenchResult(rows, tuned, quick, llama, ort, whole, scale_twins(targets, tuned, jobs, log))
+
+
+def _twin_specs(best: ir.KernelSpec, scale_type: str) -> list[ir.KernelSpec]:
+    """The tuned config with B scales of scale_type and fp32 A scales: as it is, and with per-register
+    spreads (the form the tuner measures for some staged fp32 leaders)."""
+    base = settings_of(best)
+    base.pop("a_scale_type", None)
+    specs = [validate({**base, "scale_type": scale_type}), validate({**base, "scale_type": scale_type, "spread": "per_register"})]
+    return [s for s in specs if hasattr(s, "name")]
+
+
+def scale_twins(targets: list[Case], tuned: tune.TuneResult, jobs: int, log=None) -> dict:
+    """For every case tuned to fp16 scales, its twins with fp32 B scales and with fp16 B scales against
+    fp32 A scales, each the fewer-instruction of its two forms, measured where the tuner did not."""
+    wanted = {(c, st): _twin_specs(tuned.best[c].spec, st) for c in targets if tuned.best[c].spec.scale_type == "fp16"
+              for st in ("fp32", "fp16")}
+    measured = {(e.spec.name, c): e for c in targets for e in tuned.ranking[c]}
+    missing: dict[str, tuple[ir.KernelSpec, list[Case]]] = {}
+    for (c, _), specs in wanted.items():
+        for s in specs:
+            if (s.name, c) not in measured:
+                missing.setdefault(s.name, (s, []))[1].append(c)
+    if log and missing:
+        log(f"bench: {len(missing)} scale-precision twins the tuner did not measure")
+    for spec, cs in missing.values():
+        measured.update(tune.evaluate([spec], cs, jobs=1, log=log))
+    return {key: min((measured[(s.name, key[0])] for s in specs), key=lambda e: x60.total_instructions(e.counts))
+            for key, specs in wanted.items() if specs}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,21 +314,15 @@ def prefill_goal_text(res: BenchResult, p: x60.X60Params = x60.X60, measured: bo
 
 
 def scale_precision_text(res: BenchResult) -> str:
-    """The goal "fp16 scales never cost more instructions than fp32": per case, the tuned config's
-    instructions against its twins with fp32 B scales and fp32 A scales, and with fp16 B scales but
-    fp32 A scales (a staged a16 config's: with per-register spreads, the fp32 staged fold the tuner
-    measures), each as the tuner measured it (MEASURED counts, one core, whole shape)."""
+    """The goal "fp16 scales never cost more instructions than fp32": per case tuned to fp16 scales, its
+    instructions against its twins with fp32 B and A scales, and with fp16 B scales but fp32 A scales
+    (scale_twins: each the fewer-instruction of its group and per-register spread forms; MEASURED
+    counts, one core, whole shape)."""
     head = ["shape", "M", "block", "tuned config", "scales", "tuned M", "fp32 twin M", "fp16-B fp32-A twin M", "tuned / fp32"]
     body, worse, compared = [], [], 0
     for c in res.cases:
         best = res.tuned.best[c]
-        by_name = {e.spec.name: e for e in res.tuned.ranking[c]}
-        base = settings_of(best.spec)
-        base.pop("a_scale_type", None)
-        twins = []
-        for st in ("fp32", "fp16"):  # the twin as it is, or with per-register spreads (what the tuner measured for staged fp32)
-            specs = [validate({**base, "scale_type": st}), validate({**base, "scale_type": st, "spread": "per_register"})]
-            twins.append(next((by_name[sp.name] for sp in specs if hasattr(sp, "name") and sp.name in by_name), None))
+        twins = [res.twins.get((c, st)) for st in ("fp32", "fp16")]
         mine = x60.total_instructions(best.counts)
         f32 = x60.total_instructions(twins[0].counts) if twins[0] else None
         f16 = x60.total_instructions(twins[1].counts) if twins[1] else None
@@ -313,8 +336,8 @@ def scale_precision_text(res: BenchResult) -> str:
     verdict = (f"fp16-scale tuned configs costing more instructions than their fp32 twin: {len(worse)} of {compared}"
                + (": " + ", ".join(worse) if worse else ""))
     return "\n".join(["Scale precision (instructions MEASURED, millions, one core, whole shape; twins = the tuned config "
-                      "with fp32 B and A scales, and with fp16 B scales widened by vfwcvt against fp32 A scales; '-' = not "
-                      "measured by the tuner):", format_table(head, body, right={1, 2, 5, 6, 7, 8}), verdict])
+                      "with fp32 B and A scales, and with fp16 B scales widened by vfwcvt against fp32 A scales, each the fewer-"
+                      "instruction of its group and per-register spread forms; '-' = fp32-scale tuned configs, no twin):", format_table(head, body, right={1, 2, 5, 6, 7, 8}), verdict])
 
 
 def has_measured(res: BenchResult) -> bool:
