@@ -56,9 +56,35 @@ def test_hand_derived_floors():
 
 
 def test_report_names_the_cells_the_tuned_tiling_cannot_reach():
-    text = floors.report(ROOT / "bench" / "results")
+    text = floors.report(ROOT / "bench" / "results").split("Fold budgets")[0]
     cells = {tuple(line.split()[:3]): line for line in text.splitlines() if line.split()[:1] in (["gate/up"], ["lm_head"], ["down"])}
     assert ("lm_head", "512", "32") in cells and "beyond its tiling" in cells[("lm_head", "512", "32")]
     assert "DRAM-bound" in cells[("down", "512", "32")]
     for c in floors.cell_budgets(ROOT / "bench" / "results"):  # 1.5x of a roofline of 1 cycle per vmadot or more
         assert c["allowed"] >= 1.5 - 1e-9
+
+
+def test_fold_budgets():
+    """Whole-register loads, the k_unroll that fits and the issue slots left for the fold, by hand."""
+    assert [floors.load_instructions(n) for n in (1, 2, 3, 4, 6, 8, 12)] == [1, 1, 2, 1, 2, 1, 2]
+    # 12x8 / 8x12 with fp32 accumulators in registers: 24 + 5 registers, so one k-step an iteration;
+    # 3 A and 2 B registers (or 2 and 3) take 3 loads: block 32 = 24 vmadots + 12 loads.
+    for t in (floors.Tiling(3, 2, True, False), floors.Tiling(2, 3, True, False)):
+        assert t.k_unroll() == 1 and t.issue_per_block(32) == 36
+        assert floors.fold_budget(t, 32, 1.88) == 9  # int(1.88 x 24 - 36)
+    # 8x8 staged: 16 accumulator registers leave room for 4 k-steps (one vl8r-free pair of vl4r loads).
+    staged = floors.Tiling(2, 2, True, False)
+    assert staged.k_unroll() == 4 and staged.issue_per_block(32) == 18
+    assert floors.fold_budget(staged, 32, 1.88) is None  # its operand floor (2.00) is above 1.88 already
+    # fp32 accumulators in memory: 12x16's 24 of them loaded and stored once per block (3 + 3 instructions).
+    assert floors.Tiling(3, 4, False, False).issue_per_block(128) == 12 * 16 + 16 * (2 + 1) + 6
+    # The staged a16 fold the tuner picks at block 32: 15 vector instructions (vsetvli included).
+    spec = specs_from_text(f"kernel t {{ op = gemm  {IME}  {CONFIGS[0]} }}")[0]
+    assert floors.fold_instructions(spec) == 15
+
+
+def test_report_gives_fold_budgets():
+    text = floors.report(ROOT / "bench" / "results").split("Fold budgets")[1]
+    rows = {tuple(line.split()[:3]): line for line in text.splitlines()[1:]}
+    assert "largest budget    9 (8x12, k_unroll 1, spare registers 3)" in rows[("gate/up", "512", "32")]
+    assert "no int8-B tiling's operand floor fits" in rows[("lm_head", "512", "32")]

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from .. import ir
 from ..errors import SpecError
+from ..plan import plan_kernel
 from . import tune, x60
 
 REGISTERS = 32
@@ -63,10 +64,42 @@ class Tiling:
         return {"ime": vmadot, "issue": vmadot + moved / 8, "vls": VLS_PER_REGISTER * moved,
                 "vieu": self.b * s * (2 if measured else 1) if self.int4 else 0.0}
 
+    def k_unroll(self) -> int:
+        """int8 B: the most k-steps (1, 2 or 4) one loop iteration can load next to the accumulators."""
+        acc = self.registers - self.a - self.b
+        return max(ku for ku in (1, 2, 4) if acc + ku * (self.a + self.b) <= REGISTERS)
+
+    def issue_per_block(self, block: int) -> float:
+        """int8 B: vector issue slots of one (tile, block) for its vmadots, whole-register operand loads
+        (k_unroll() k-steps an iteration) and, with fp32 accumulators in memory, their whole-register load
+        and store; the fold's arithmetic, accumulator zeroing and loop overhead come on top."""
+        ku, s = self.k_unroll(), block // 8
+        facc = 0 if self.fp32_in_registers else 2 * load_instructions(2 * self.a * self.b)
+        return self.a * self.b * s + s / ku * (load_instructions(self.a * ku) + load_instructions(self.b * ku)) + facc
+
     def per_vmadot(self, block: int, view: str = "model") -> float:
         """view: "model" (x60.py's charges), "measured" (LLVM's occupancies) or "robust" (the slower)."""
         views = (False, True) if view == "robust" else (view == "measured",)
         return max(max(self.cycles(block, m).values()) for m in views) / (self.a * self.b * (block // 8))
+
+
+def load_instructions(registers: int) -> int:
+    """Whole-register loads (vl1r, vl2r, vl4r, vl8r: aligned groups of 1, 2, 4, 8) that fill `registers`."""
+    return registers // 8 + bin(registers % 8).count("1")
+
+
+def fold_budget(t: Tiling, block: int, allowed: float) -> int | None:
+    """Vector instructions per (tile, block) an int8-B tiling leaves its fold, block start and loop within
+    `allowed` cycles per vmadot under the model's one vector instruction a cycle (None: its operand
+    floor alone is above `allowed`)."""
+    if t.int4 or t.per_vmadot(block, "robust") > allowed:
+        return None
+    return int(allowed * t.a * t.b * (block // 8) - t.issue_per_block(block))
+
+
+def fold_instructions(s: ir.KernelSpec) -> int:
+    """Vector instructions (vsetvli included) of a kernel's block fold: what a fold budget pays for."""
+    return sum(op.text.startswith("v") for op in plan_kernel(s).ime.fold)
 
 
 def tilings() -> list[Tiling]:
@@ -138,10 +171,12 @@ def report(results: Path, blocks=(32, 64, 128)) -> str:
               f"vmadot {GOAL}x allows on 4 cores, against the floor of the tuned kernel's tiling and of the best tiling:",
               f"{'shape':<8}{'M':>4}{'block':>6}  {'x roof (model|LLVM)':>20}  {'bound':<13}{'allows':>7}  "
               f"{'tuned tiling floor':>18}  {'best tiling floor':>17}  verdict"]
+    notes = []
     for c in cell_budgets(results):
         if max(c["x_model"], c["x_measured"]) <= GOAL:
             continue
-        own = of_spec(spec_of_config(c["config"]))
+        spec = spec_of_config(c["config"])
+        own = of_spec(spec)
         own_floor = own.per_vmadot(c["block"], "robust")
         floor, t = best(c["block"], "robust")
         verdict = "; ".join(
@@ -150,5 +185,15 @@ def report(results: Path, blocks=(32, 64, 128)) -> str:
                else "its tiling's floor fits: the fold and loop overhead decide"])
         lines.append(f"{c['shape']:<8}{c['M']:>4}{c['block']:>6}  {c['x_model']:>9.2f} | {c['x_measured']:<8.2f}  "
                      f"{c['bound']:<13}{c['allowed']:>7.2f}  {own_floor:>18.2f}  {floor:>11.2f} {4 * t.a}x{4 * t.b}  {verdict}")
+        budgets = [(fold_budget(k, c["block"], c["allowed"]), k) for k in tilings() if not k.int4]
+        fits = [(n, k) for n, k in budgets if n is not None]
+        n, k = max(fits, key=lambda x: (x[0], -x[1].registers)) if fits else (None, None)
+        notes.append(f"{c['shape']:<8}{c['M']:>4}{c['block']:>6}  tuned fold {fold_instructions(spec):>3}  "
+                     + (f"largest budget {n:>4} ({4 * k.a}x{4 * k.b}, k_unroll {k.k_unroll()}, "
+                        f"spare registers {REGISTERS - k.registers - (k.k_unroll() - 1) * (k.a + k.b)})" if fits
+                        else "no int8-B tiling's operand floor fits"))
+    lines += ["", "Fold budgets (the model's issue slot, one vector instruction a cycle): per (tile, block), the vector "
+              "instructions an int8-B tiling whose operand floor fits leaves within 1.5x for its fold, block start and "
+              "loop after its vmadots and whole-register operand loads, against the tuned kernel's fold:", *notes]
     return "\n".join(lines)
 
