@@ -179,15 +179,18 @@ def report(results: Path, blocks=(32, 64, 128)) -> str:
         own = of_spec(spec)
         own_floor = own.per_vmadot(c["block"], "robust")
         floor, t = best(c["block"], "robust")
-        verdict = "; ".join(
-            (["DRAM-bound: needs a schedule moving fewer bytes"] if c["bound"] == "dram" else [])
-            + [f"beyond its tiling's floor: needs {4 * t.a}x{4 * t.b}-class tiles" if own_floor > c["allowed"]
-               else "its tiling's floor fits: the fold and loop overhead decide"])
-        lines.append(f"{c['shape']:<8}{c['M']:>4}{c['block']:>6}  {c['x_model']:>9.2f} | {c['x_measured']:<8.2f}  "
-                     f"{c['bound']:<13}{c['allowed']:>7.2f}  {own_floor:>18.2f}  {floor:>11.2f} {4 * t.a}x{4 * t.b}  {verdict}")
         budgets = [(fold_budget(k, c["block"], c["allowed"]), k) for k in tilings() if not k.int4]
         fits = [(n, k) for n, k in budgets if n is not None]
         n, k = max(fits, key=lambda x: (x[0], -x[1].registers)) if fits else (None, None)
+        beyond = (f"beyond its tiling's floor: {4 * k.a}x{4 * k.b}-class tiles fit, with a fold of at most {n} vector "
+                  f"instructions (fold budgets below)" if fits else
+                  f"beyond its tiling's floor and every int8-B one's: needs 4-bit codes unpacked in the tile, "
+                  f"{4 * t.a}x{4 * t.b} at best ({t.registers} of {REGISTERS} registers)")
+        verdict = "; ".join(
+            (["DRAM-bound: needs a schedule moving fewer bytes"] if c["bound"] == "dram" else [])
+            + [beyond if own_floor > c["allowed"] else "its tiling's floor fits: the fold and loop overhead decide"])
+        lines.append(f"{c['shape']:<8}{c['M']:>4}{c['block']:>6}  {c['x_model']:>9.2f} | {c['x_measured']:<8.2f}  "
+                     f"{c['bound']:<13}{c['allowed']:>7.2f}  {own_floor:>18.2f}  {floor:>11.2f} {4 * t.a}x{4 * t.b}  {verdict}")
         notes.append(f"{c['shape']:<8}{c['M']:>4}{c['block']:>6}  tuned fold {fold_instructions(spec):>3}  "
                      + (f"largest budget {n:>4} ({4 * k.a}x{4 * k.b}, k_unroll {k.k_unroll()}, "
                         f"spare registers {REGISTERS - k.registers - (k.k_unroll() - 1) * (k.a + k.b)})" if fits
