@@ -88,7 +88,7 @@ def run(*, quick: bool = False, blocks=BLOCKS, jobs: int | None = None, log=None
     llama = tuple(llama_real.rows(targets, tuned, log=log))
     ort = tuple(ort_rows.rows(targets, tuned, quick=quick, log=log))
     whole = None if quick else ort_model.run(tuned, list(ort), log=log)
-    return BenchResult(rows, tuned, quick, llama, ort, whole, scale_twins(targets, tuned, jobs, log))
+    return BenchResult(rows, tuned, quick, llama, ort, whole, scale_twins(targets, tuned, log))
 
 
 def _twin_specs(best: ir.KernelSpec, scale_type: str) -> list[ir.KernelSpec]:
@@ -100,7 +100,7 @@ def _twin_specs(best: ir.KernelSpec, scale_type: str) -> list[ir.KernelSpec]:
     return [s for s in specs if hasattr(s, "name")]
 
 
-def scale_twins(targets: list[Case], tuned: tune.TuneResult, jobs: int, log=None) -> dict:
+def scale_twins(targets: list[Case], tuned: tune.TuneResult, log=None) -> dict:
     """For every case tuned to fp16 scales, its twins with fp32 B scales and with fp16 B scales against
     fp32 A scales, each the fewer-instruction of its two forms, measured where the tuner did not."""
     wanted = {(c, st): _twin_specs(tuned.best[c].spec, st) for c in targets if tuned.best[c].spec.scale_type == "fp16"

@@ -308,8 +308,7 @@ def dram_bytes(M: int, N: int, K: int, p=None) -> float:
     p = p or x60.X60
     w = N * K // 32 * 18
     passes = split(1, M, N)[2] if w > p.l2_bytes // 2 else 1
-    q8 = M * (K // 32) * 36
-    return w * passes + 4 * M * K + q8 * (2 if q8 > p.l2_bytes else 1) + 4 * M * N
+    return w * passes + 4 * M * K + x60.prepared_whole_dram(M * (K // 32) * 36, p.l2_bytes) + 4 * M * N
 
 
 def modeled_s(counts: dict, M: int, N: int, K: int, p=None) -> tuple[float, float]:

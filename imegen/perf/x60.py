@@ -256,9 +256,8 @@ def k_chunks(plan: KernelPlan, M: int, N: int, K: int) -> int:
     if plan.forced_k_chunks:
         return min(plan.forced_k_chunks, -(-K // plan.spec.block))
     kb = -(-K // plan.spec.block)
-    def cost(q: int) -> int:  # the C code's criterion: B passes and C round trips
-        return -(-M // m_block_rows(plan, chunk_k(plan, K, q))) * packed_b_bytes(plan, N, K) + (2 * q - 1) * 4 * M * N
-    return min((cost(q), q) for q in range(1, min(4, kb) + 1))[1]
+    # the C code's criterion, B passes and C round trips: _traffic less A's workspace (A's read is the same for every q)
+    return min((_traffic(plan, M, N, K, q, workspace=False).dram, q) for q in range(1, min(4, kb) + 1))[1]
 
 
 def a_workspace_dram(plan: KernelPlan, M: int, K: int, q: int) -> int:
@@ -269,8 +268,13 @@ def a_workspace_dram(plan: KernelPlan, M: int, K: int, q: int) -> int:
     if s.abi == "imegen" and s.compute == "int8":
         ck = chunk_k(plan, K, q)
         return workspace_bytes(plan, min(M, m_block_rows(plan, ck)), ck)
-    ws = workspace_bytes(plan, M, K)
-    return ws * (2 if ws > plan.a_block_bytes else 1)
+    return prepared_whole_dram(workspace_bytes(plan, M, K), plan.a_block_bytes)
+
+
+def prepared_whole_dram(workspace: int, budget: int) -> int:
+    """DRAM bytes of a workspace filled whole before the tiles run: written once and, when it outgrows
+    the cache budget its readers have, read back once more."""
+    return workspace * (2 if workspace > budget else 1)
 
 
 def _traffic(plan: KernelPlan, M: int, N: int, K: int, q: int, workspace: bool = True) -> Traffic:
