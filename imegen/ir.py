@@ -16,9 +16,9 @@ from .parse import Block, Setting, parse_file, parse_text
 
 VECTOR_REGISTERS = 32
 IME_VLEN = 256  # K1/X60: vmadot's 4x8x4 int8 tile is defined for VLEN=256 only.
-IME_FOLD_REGS = 16  # the per-block vector fold: 8 even register pairs (see plan._ime_fold)
+IME_FOLD_REGS = 16  # the per-block vector fold: 8 even register pairs (see ime_folds.ime_fold)
 # The fold of a kernel whose fp32 accumulators stay in registers: index tables, scale staging,
-# spread B scales, products and one row tile's spread A scales (6 even pairs, plan._signed_fold).
+# spread B scales, products and one row tile's spread A scales (6 even pairs, ime_folds._signed_fold).
 IME_FOLD_REGS_IN_REGISTERS = 12
 
 
@@ -160,6 +160,14 @@ def zero_points_in_b(spec: KernelSpec) -> str | None:
     return None
 
 
+def zp_nibbles(spec: KernelSpec) -> bool:
+    """4-bit IME gemv packs its zero points two per byte, as ORT does (decode is DRAM-bound: at block
+    32 one byte per column and block is 5% of the weight bytes, a nibble 2.7%); its fold unpacks them
+    (see ime_folds.gemv_fold). Other kernels keep one byte per column: their loops spread zero points per byte."""
+    return (spec.target == "ime" and spec.tile_m == 1 and spec.bits == 4 and spec.zero_point == "asymmetric"
+            and spec.scales != "ort")
+
+
 def _ime_loop_registers(spec: KernelSpec) -> tuple[int, int, int, int]:
     """IME gemm: (int32 accumulators, A tile, B tile, spread zero-point) registers of the k loop."""
     ma, na = max(1, spec.tile_m // 4), spec.tile_n // 4
@@ -208,8 +216,8 @@ def spread_refusal(spec: KernelSpec) -> str | None:
         return None
     in_regs = fp32_acc_in_registers(spec)
     # With the fp32 accumulators in registers, the folds that keep their index tables in registers
-    # (plan._paired_column_fold, _grouped_signed_fold) exist up to these sizes; with them in memory, the
-    # column-pair fold of 8-row tiles (plan._column_pair_fold). tests/test_kernels.py plans every setting.
+    # (ime_folds.paired_column_fold, _grouped_signed_fold) exist up to these sizes; with them in memory, the
+    # column-pair fold of 8-row tiles (ime_folds.column_pair_fold). tests/test_kernels.py plans every setting.
     if in_regs and max(spec.tile_m, spec.tile_n) <= 12 and spec.tile_m * spec.tile_n * spec.k_unroll <= 128:
         return None
     if not in_regs and zero_points_in_b(spec) and spec.tile_m == 8 and spec.tile_n <= 16:
@@ -251,7 +259,7 @@ def register_budget(spec: KernelSpec) -> dict[str, int]:
         b_regs = na * spec.k_unroll
         # After the k loop the A/B registers are dead and the vector fold (fp32 scaling, zero-point
         # correction) needs 8 register pairs of its own (gemv: three e32 groups of the row's TN lanes
-        # above the accumulators, see plan._gemv_fold): count whichever phase needs more.
+        # above the accumulators, see ime_folds.gemv_fold): count whichever phase needs more.
         loop = 2 * ma * na + a_regs + b_regs
         in_regs = fp32_acc_in_registers(spec)
         if spec.tile_m == 1:

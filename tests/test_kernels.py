@@ -267,11 +267,11 @@ def test_spread_per_register_over_many_blocks(settings):
     """spread = per_register spreads the fold's scales by LMUL-1 vrgathers (and whole-register copies):
     exact reference over many blocks, a partial last block, M tile and N tile, both compilers; where
     the fold reads e16 tables, the group form's would put every scale in the wrong lanes and must fail."""
-    from imegen.plan import _gathers_per_register
+    from imegen.ime_asm import gathers_per_register
 
     spec = specs_from_text(f"kernel pr {{ target = ime  compute = int8  bits = 4  spread = per_register  {settings} }}")[0]
     plan = plan_kernel(spec)
-    assert _gathers_per_register(plan.ime.fold) and sum(op.kind == "vrgather" for op in plan.ime.fold) >= 4
+    assert gathers_per_register(plan.ime.fold) and sum(op.kind == "vrgather" for op in plan.ime.fold) >= 4
     cases = make_cases(plan, np.random.default_rng(13), [(11, 21, 9 * spec.block + 5), (8, 16, spec.block)], exact=True)
     for compiler in ("clang", "gcc"):
         for case, result in zip(cases, run_cases(build(plan, compiler=compiler), cases, vlen=256)):
