@@ -288,8 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # stdout closed early (`imegen list SPEC | head`): stop quietly
         _silence_stdout()
         return 0
-    except (ToolchainError, OSError, OrtTreeError) as e:
+    except (ToolchainError, OrtTreeError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # "error: PATH: No such file or directory", not Python's errno repr
+        print(f"error: {e.filename}: {e.strerror}" if e.filename and e.strerror else f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

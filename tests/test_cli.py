@@ -137,7 +137,14 @@ def test_unknown_kernel_exits_2(capsys, tmp_path, command):
 def test_missing_spec_file_exits_2(capsys, tmp_path):
     code, out, err = run(capsys, "list", str(tmp_path / "nope.imegen"))
     assert code == 2 and out == ""
-    assert err.startswith("error: ") and "nope.imegen" in err
+    assert err == f"error: {tmp_path / 'nope.imegen'}: No such file or directory\n"
+
+
+def test_output_folder_that_cannot_be_made_exits_2(capsys, tmp_path):
+    (tmp_path / "file").write_text("")
+    code, out, err = run(capsys, "generate", str(EXAMPLE), "-o", str(tmp_path / "file" / "out"))
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {tmp_path / 'file'}") and "Errno" not in err
 
 
 @NEEDS_TOOLS
