@@ -71,11 +71,17 @@ def test_fold_budgets():
     # 3 A and 2 B registers (or 2 and 3) take 3 loads: block 32 = 24 vmadots + 12 loads.
     for t in (floors.Tiling(3, 2, True, False), floors.Tiling(2, 3, True, False)):
         assert t.k_unroll() == 1 and t.issue_per_block(32) == 36
-        assert floors.fold_budget(t, 32, 1.88) == 9  # int(1.88 x 24 - 36)
+        # int(1.88 x 24 - 36) issue slots; 1.88 x 24 - 2 x 5 x 4 VLS cycles
+        assert floors.fold_budget(t, 32, 1.88) == floors.Budget(9, pytest.approx(1.88 * 24 - 40))
     # 8x8 staged: 16 accumulator registers leave room for 4 k-steps (one vl8r-free pair of vl4r loads).
     staged = floors.Tiling(2, 2, True, False)
     assert staged.k_unroll() == 4 and staged.issue_per_block(32) == 18
     assert floors.fold_budget(staged, 32, 1.88) is None  # its operand floor (2.00) is above 1.88 already
+    # What a kernel spends outside its (tile, block) loop comes off both budgets; 8x12 at block 64 (1.67
+    # per vmadot of VLS) no longer fits 1.86 once 0.2 VLS cycles per vmadot are spent elsewhere.
+    t = floors.Tiling(2, 3, True, False)
+    assert floors.fold_budget(t, 64, 1.86, floors.Overhead(issue=0.1)) == floors.Budget(12, pytest.approx(1.86 * 48 - 80))
+    assert floors.fold_budget(t, 64, 1.86, floors.Overhead(vls=0.2)) is None
     # fp32 accumulators in memory: 12x16's 24 of them loaded and stored once per block (3 + 3 instructions).
     assert floors.Tiling(3, 4, False, False).issue_per_block(128) == 12 * 16 + 16 * (2 + 1) + 6
     # The staged a16 fold the tuner picks at block 32: 12 vector instructions and a 1-instruction block start
@@ -86,9 +92,23 @@ def test_fold_budgets():
     assert occupancy.tile_block(plan_kernel(spec))["model"].vector_issue == 16 + 2 * 2 + 13
 
 
+def test_overhead_is_what_the_counts_spend_beyond_the_static_tile_block():
+    """A bench row's counts less its kernel's (tile, block) cost: the staged a16 8x8 block 32 spends 33
+    vector instructions and 34 VLS cycles (model) per 16 vmadots; 100 (tile, block)s plus 160 more vector
+    instructions and 320 more VLS cycles' worth of bytes are 0.1 and 0.2 per vmadot."""
+    spec = specs_from_text(f"kernel t {{ op = gemm  {IME}  {CONFIGS[0]} }}")[0]
+    est = occupancy.tile_block(plan_kernel(spec))["model"]
+    assert (est.vector_issue, est.vls, est.vmadots) == (33, 34, 16)
+    row = {"vmadot": 1600, "vload": 33 * 100 - 1600 + 160, "vstore": 0, "vlsx": 0, "valu": 0, "vfpu": 0,
+           "vec_bytes": (34 * 100 + 320) * 16}
+    over = floors.overhead_of(row, spec)
+    assert over.issue == pytest.approx(0.1) and over.vls == pytest.approx(0.2)
+
+
 def test_report_gives_fold_budgets():
     text = floors.report(ROOT / "bench" / "results").split("Fold budgets")[1]
     rows = {tuple(line.split()[:3]): line for line in text.splitlines()[1:]}
     assert "largest budget    9 (8x12, k_unroll 1, spare registers 3)" in rows[("gate/up", "512", "32")]
     assert "tuned fold  13, issue  33 of  30" in rows[("gate/up", "512", "32")]  # 16 vmadots x 1.88 allowed
+    assert "with the tuned kernel's overhead" in rows[("gate/up", "512", "64")]
     assert "no int8-B tiling's operand floor fits" in rows[("lm_head", "512", "32")]
