@@ -37,6 +37,8 @@ def staged_ime_plan(spec: KernelSpec) -> ImePlan:
     B load and 4ma vmadots, and the fold: one vfcvt, one load of the spread B scales, one strided
     load of the A scales and per row tile a vrgatherei16 (row table kept in registers), a vfmul and
     a vfmacc on LMUL-4 groups."""
+    if spec.tile_n == 12:
+        return _staged_8x12_plan(spec)
     ma, na, ku = spec.tile_m // 4, 2, 2
     acc = tuple(tuple(4 * mi + 2 * ni for ni in range(na)) for mi in range(ma))
     facc = tuple(tuple(4 * ma + 4 * mi + 2 * ni for ni in range(na)) for mi in range(ma))
@@ -102,6 +104,112 @@ def staged_ime_plan(spec: KernelSpec) -> ImePlan:
         stage=_stage_b(spec, iterations), stage_block_bytes=iterations * 128 + (STAGED_FP16_SCALE_BYTES if a_fp16 else 128),
         stage_index=() if a_fp16 else STAGED_COLUMN_INDEX,  # a16 stages its scales as they are: no spread
     )
+
+
+# Register map of the 8x12 staged kernel: int32 accumulators v0-v11 and fp32 ones v12-v23 by column tile
+# (pair [mi][ni] at 4 ni + 2 mi: one LMUL-4 group per column tile, both row tiles), A of two k-steps
+# v24-v27, one k-step's staged B v28-v30; in the fold v24-v31 are free.
+WIDE_A, WIDE_B, WIDE_FACC = 24, 28, 12
+WIDE_SCALE_BYTES = 32  # a block's 12 fp16 B scales (24 bytes), staged as they are, padded to 32
+
+
+def _staged_8x12_plan(spec: KernelSpec) -> ImePlan:
+    """stage_b = m_block with TN = 12, TM = 8 and a_scale_type = fp16 (ir.staged_b_refusal): six vmadot
+    tiles, fp32 accumulators in registers (29 of 32 with one k-step's B). An iteration loads A for two
+    k-steps (one vl4r) and each k-step's staged B (a vl2r and a vl1r): 5 loads per 12 vmadots.
+
+    The fold needs no index table in registers: the 8 fp16 A scales are spread over a column tile's 32
+    lanes (lane -> its row) by one e16 LMUL-2 gather whose index (lane / 4) vid and vsrl build; the 4
+    fp16 B scales of column tile j are one 64-bit element of the B scales' register, which one
+    vrgather.vi at SEW 64 repeats over those lanes (lane -> its column); one vfwmul gives the exact fp32
+    products into a group overlapping that spread (its highest part: RVV 1.0 §5.2) and one vfmacc folds
+    the column tile. 18 vector instructions a block with the accumulators' zeroing."""
+    ma, na, ku = 2, 3, 2
+    acc = tuple(tuple(4 * ni + 2 * mi for ni in range(na)) for mi in range(ma))
+    facc = tuple(tuple(WIDE_FACC + 4 * ni + 2 * mi for ni in range(na)) for mi in range(ma))
+    A, B = WIDE_A, WIDE_B
+    iterations = spec.block // 16
+    unrolled = iterations <= MAX_UNROLLED_ITERATIONS
+    body = [AsmOp("vle8", f"vl4re8.v v{A}, (%[a])", "A: 2 k-steps x 2 tiles")]
+    for step in range(ku):
+        body += [AsmOp("vle8", f"vl2re8.v v{B}, (%[b])", f"staged B, k-step {step}: cols 0..7"),
+                 AsmOp("addi", "addi t1, %[b], 64"), AsmOp("vle8", f"vl1re8.v v{B + 2}, (t1)", "cols 8..11"),
+                 AsmOp("addi", "addi %[b], %[b], 96")]
+        for mi in range(ma):
+            for ni in range(na):
+                vd, vs1, vs2 = acc[mi][ni], A + step * ma + mi, B + ni
+                word = encode_vmadot(vd, vs1, vs2, signedness="ss")
+                body.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic('ss', 0)} v{vd}, v{vs1}, v{vs2}"))
+    body.append(AsmOp("addi", f"addi %[a], %[a], {ku * ma * 32}"))
+    IDX, SB, P, SA, RAW = 24, 26, 24, 28, 30  # RAW: the A scales (v30) and B scales (v31), one e16 LMUL-2 group
+    fold: list[AsmOp] = []
+    vt = Vtype(fold)
+    vt(8, "e16", "m1")
+    fold.append(AsmOp("vle16", f"vle16.v v{RAW}, (%[sa])", "fp16 A scales, rows 0..7 (adjacent: _a_scale_group)"))
+    vt(12, "e16", "m1")
+    fold += [AsmOp("vle16", f"vle16.v v{RAW + 1}, (%[b])", "staged fp16 B scales, columns 0..11"),
+             AsmOp("addi", f"addi %[b], %[b], {WIDE_SCALE_BYTES}")]
+    vt(None, "e16", "m2")
+    fold += [AsmOp("vid", f"vid.v v{IDX}"), AsmOp("vsrl", f"vsrl.vi v{IDX}, v{IDX}, 2", "lane -> its row (lane / 4)"),
+             AsmOp("vrgather", f"vrgather.vv v{SA}, v{RAW}, v{IDX}", "A scales spread over a column tile's lanes")]
+    for first, g in acc_groups(4 * na):
+        vt(None, "e32", f"m{g}")
+        fold.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{first}, v{first}", f"dots -> fp32, v{first}-v{first + g - 1}"))
+    for ni in range(na):
+        vt(8, "e64", "m2")
+        fold.append(AsmOp("vrgather", f"vrgather.vi v{SB}, v{RAW}, {4 + ni}", f"B scales of columns {4 * ni}..{4 * ni + 3}, 8 times"))
+        vt(None, "e16", "m2")
+        fold.append(AsmOp("vfwmul", f"vfwmul.vv v{P}, v{SB}, v{SA}", f"scale_a * scale_b, column tile {ni} (exact)"))
+        vt(None, "e32", "m4")
+        fold.append(AsmOp("vfmacc", f"vfmacc.vv v{facc[0][ni]}, v{acc[0][ni]}, v{P}", f"column tile {ni}, both row tiles"))
+    acc_zero = (AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"), AsmOp("vsub", "vsub.vv v0, v0, v0", "int32 accumulators v0-v7"),
+                AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma"), AsmOp("vsub", "vsub.vv v8, v8, v8", "v8-v11"))
+    tile_start = (AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma"), AsmOp("vmv", f"vmv.v.i v{WIDE_FACC}, 0", "fp32 accumulators"),
+                  AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"), AsmOp("vmv", f"vmv.v.i v{WIDE_FACC + 4}, 0"),
+                  AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
+    block_end = (AsmOp("addi", "addi %[sa], %[sa], 16", "next block's A scales"),
+                 AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
+    direct_store = not spec.bias
+    return ImePlan(
+        ma=ma, na=na, acc_regs=acc, prologue=(), body=tuple(body), fold=tuple(fold),
+        iterations_per_block=iterations, a_bytes_per_iteration=ku * ma * 32,
+        b_stride=spec.panel * 8, b_walk=iterations * spec.panel * 8,
+        clobbers=tuple(f"v{r}" for r in range(32)), vmadots_per_tile_block=(spec.block // 8) * ma * na,
+        facc_floats=ma * na * 16, facc_at=f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4",
+        facc_regs=facc, direct_store=direct_store, tile_start=tile_start, block_end=block_end,
+        tile_end=tile_end_ops(acc, facc, direct_store),
+        acc_zero=acc_zero, unrolled=unrolled, entry_vset=True,
+        stage=_stage_b_12(spec, iterations), stage_block_bytes=iterations * 192 + WIDE_SCALE_BYTES,
+    )
+
+
+def _stage_b_12(spec: KernelSpec, iterations: int) -> tuple[AsmOp, ...]:
+    """The staging asm of an 8x12 kernel: per block of a 12-column N tile, each 16-k group's codes (a
+    vl2r and a vl1r) unpacked at LMUL 4 (the fourth register's lanes are computed, never stored) minus
+    the spread zero points (or 8), stored k-step 0 then 1 (96 bytes each); then the 12 fp16 scales."""
+    asym = spec.zero_point == "asymmetric"
+    ops = [AsmOp("label", "2:", "each block")]
+    if asym:
+        ops += [AsmOp("vset", "vsetivli zero, 12, e8, m1, ta, ma"), AsmOp("vle8", "vle8.v v16, (%[zp])", "the 12 columns' zero points"),
+                AsmOp("vset", "vsetivli zero, 12, e64, m4, ta, ma"), AsmOp("vzext", "vzext.vf8 v8, v16", "one column per 64-bit lane"),
+                AsmOp("vmul", "vmul.vx v8, v8, %[rep]", "zero point in all 8 bytes of its column")]
+    for _ in range(iterations):
+        ops += [AsmOp("vle8", "vl2re8.v v0, (%[b])", "16 k x 8 columns of codes"), AsmOp("addi", "addi t0, %[b], 64"),
+                AsmOp("vle8", "vl1re8.v v2, (t0)", "and 4 more"), AsmOp("add", "add %[b], %[b], %[bstride]"),
+                AsmOp("vset", "vsetvli t0, zero, e8, m4, ta, ma"), AsmOp("vand", "vand.vi v4, v0, 15", "low nibbles: k-step 0"),
+                AsmOp("vsrl", "vsrl.vi v0, v0, 4", "high nibbles: k-step 1"),
+                *((AsmOp("vsub", "vsub.vv v4, v4, v8", "- zero points"), AsmOp("vsub", "vsub.vv v0, v0, v8", "- zero points")) if asym else
+                  (AsmOp("vadd", "vadd.vi v4, v4, -8", "- 8"), AsmOp("vadd", "vadd.vi v0, v0, -8", "- 8"))),
+                AsmOp("vse8", "vs2r.v v4, (%[out])", "k-step 0"), AsmOp("addi", "addi t0, %[out], 64"), AsmOp("vse8", "vs1r.v v6, (t0)"),
+                AsmOp("addi", "addi %[out], %[out], 96"),
+                AsmOp("vse8", "vs2r.v v0, (%[out])", "k-step 1"), AsmOp("addi", "addi t0, %[out], 64"), AsmOp("vse8", "vs1r.v v2, (t0)"),
+                AsmOp("addi", "addi %[out], %[out], 96")]
+    ops += [AsmOp("vset", "vsetivli zero, 12, e16, m1, ta, ma"), AsmOp("vle16", "vle16.v v12, (%[sb])", "B fp16 scales"),
+            AsmOp("vse16", "vse16.v v12, (%[out])", "as they are"), AsmOp("addi", f"addi %[out], %[out], {WIDE_SCALE_BYTES}"),
+            AsmOp("add", "add %[b], %[b], %[bnext]", "next block's B"), AsmOp("add", "add %[sb], %[sb], %[sbs]", "next block's B scales"),
+            *((AsmOp("add", "add %[zp], %[zp], %[zps]", "next block's zero points"),) if asym else ()),
+            AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b")]
+    return tuple(ops)
 
 
 def _staged_fp32_fold(ma: int, acc, facc, vt: "Vtype", per_register: bool) -> None:

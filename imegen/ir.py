@@ -183,6 +183,8 @@ def fp32_acc_in_registers(spec: KernelSpec) -> bool:
     k_unroll 2) and changes only speed, never results."""
     if not zero_points_in_b(spec) or spec.scales == "ort":
         return False
+    if staged(spec):  # staged_b_refusal admits only tiles written with them in registers
+        return True
     acc, a, b, zp = _ime_loop_registers(spec)
     return 2 * acc + a + b + zp <= VECTOR_REGISTERS and 2 * acc + IME_FOLD_REGS_IN_REGISTERS <= VECTOR_REGISTERS
 
@@ -194,12 +196,17 @@ def staged_b_refusal(spec: KernelSpec) -> str | None:
     the loop keeps only loads and vmadots, the fold one load for the B scales (fp16 ones widened
     while staging). The form is written for the tuner's prefill winners: two 4-column B tiles, one
     or two 4-row A tiles, two 8-k steps per iteration, fp32 accumulators and the fold's index tables
-    in registers."""
+    in registers; and 8x12 with a_scale_type = fp16 (three B tiles, one k-step of them loaded at a
+    time), whose fold spreads the fp16 scales with no table (ime_staged._staged_8x12_plan)."""
     if spec.target != "ime" or spec.op != "gemm" or spec.bits != 4 or spec.abi != "imegen":
         return "stage_b = m_block stages unpacked int4 B for IME gemm kernels: it needs target ime, op gemm, bits 4, abi imegen"
-    if spec.tile_n != 8 or spec.tile_m not in (4, 8) or spec.k_unroll != 2:
-        return (f"stage_b = m_block is generated for tiles 4x8 and 8x8 at k_unroll 2 (fp32 accumulators, staged B and "
-                f"the fold's index tables all in registers), not {spec.tile_m}x{spec.tile_n} at k_unroll {spec.k_unroll}")
+    shape = (spec.tile_m, spec.tile_n)
+    if shape not in ((4, 8), (8, 8), (8, 12)) or spec.k_unroll != 2:
+        return (f"stage_b = m_block is generated for tiles 4x8, 8x8 and 8x12 at k_unroll 2 (fp32 accumulators, staged B and "
+                f"the fold's registers all fit), not {spec.tile_m}x{spec.tile_n} at k_unroll {spec.k_unroll}")
+    if shape == (8, 12) and spec.a_scale_type != "fp16":
+        return ("stage_b = m_block with tile 8x12 is generated with a_scale_type = fp16 (and scale_type = fp16): "
+                "its fold has registers for the fp16 scales' spreads only")
     return None
 
 
@@ -269,6 +276,8 @@ def register_budget(spec: KernelSpec) -> dict[str, int]:
             fold = IME_FOLD_REGS_IN_REGISTERS - a_regs - b_regs
         else:
             fold = IME_FOLD_REGS - a_regs - b_regs
+        if staged(spec) and na == 3:  # 8x12: B one k-step at a time, no tables (ime_staged._staged_8x12_plan)
+            return {"int32 accumulators": 12, "fp32 accumulators": 12, "A tiles": a_regs, "B tiles": na}
         if staged(spec):  # no zero points or unpacking in the loop; the fold's tables and B scales stay apart
             return {"int32 accumulators": 2 * ma * na, "fp32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": b_regs,
                     "index tables": 2 * ma, "spread B scales": 4}

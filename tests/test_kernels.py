@@ -221,6 +221,7 @@ def test_large_tiles_keep_fp32_accumulators_in_memory():
     "tile = 8x8  panel = 32  zero_point = asymmetric  scale_type = fp16  scales = inline  block = 128",
     "tile = 8x8  panel = 16  zero_point = asymmetric  scale_type = fp16  scales = inline  block = 32  spread = per_register",
     "tile = 4x8  panel = 8  zero_point = symmetric  scale_type = fp32  scales = separate  block = 64  spread = per_register",
+    "tile = 8x12  panel = 48  zero_point = asymmetric  scale_type = fp16  a_scale_type = fp16  scales = inline  block = 128",
 ])
 def test_staged_b_over_several_m_blocks(settings):
     """stage_b = m_block unpacks an N tile's B once per M block into the workspace: with the A budget
@@ -314,6 +315,8 @@ def test_spread_per_register_refuses_what_it_is_not_written_for():
     "tile = 8x8  panel = 16  zero_point = asymmetric  scales = inline  block = 32",
     "tile = 4x8  panel = 8  zero_point = symmetric  scales = separate  block = 64  unpack = interleaved  bias = yes",
     "tile = 8x8  panel = 32  zero_point = asymmetric  scales = inline  block = 128  bias = yes",
+    "tile = 8x12  panel = 24  zero_point = asymmetric  scales = inline  block = 64",  # the table-free 8x12 fold
+    "tile = 8x12  panel = 12  zero_point = symmetric  scales = separate  block = 32  unpack = interleaved  bias = yes",
 ])
 def test_fp16_a_scales(settings):
     """a_scale_type = fp16: A's block scales rounded up to fp16, the fold's vfwmul of the two fp16
@@ -421,8 +424,26 @@ def test_fp16_ceil_is_the_least_fp16_at_or_above():
     assert got[7] >= x[7] and np.float32(np.nextafter(np.float16(got[7]), np.float16(0))) < x[7]
 
 
+def test_staged_8x12_over_forced_k_chunks():
+    """The 8x12 staged kernel stages each K chunk's blocks (blk0..blk1) and adds the later chunks into C:
+    forced to 3 chunks over several M blocks, with partial tiles and K block; exact reference, both compilers."""
+    from imegen.perf import x60
+
+    spec = specs_from_text("kernel w { target = ime  compute = int8  bits = 4  tile = 8x12  k_unroll = 2  panel = 24  "
+                           "stage_b = m_block  scale_type = fp16  a_scale_type = fp16  block = 32 }")[0]
+    K = 13 * spec.block + 7
+    plan = dataclasses.replace(plan_kernel(spec), forced_k_chunks=3,
+                               a_block_bytes=x60.staged_bytes(plan_kernel(spec), K) + x60.workspace_bytes(plan_kernel(spec), 8, K))
+    cases = make_cases(plan, np.random.default_rng(33), [(41, 29, K), (9, 13, 2 * spec.block + 3)], exact=True)
+    for compiler in ("clang", "gcc"):
+        for case, result in zip(cases, run_cases(build(plan, compiler=compiler), cases, vlen=256)):
+            assert compare(plan, case, result, exact=True).ok, (compiler, case.M, case.N, case.K)
+            assert_writes_the_modeled_workspace(plan, case, result)
+
+
 def test_staged_b_refuses_what_it_is_not_written_for():
-    for text, what in (("tile = 8x16  k_unroll = 2", "4x8 and 8x8 at k_unroll 2"), ("tile = 8x8  k_unroll = 4", "k_unroll 2"),
+    for text, what in (("tile = 8x16  k_unroll = 2", "4x8, 8x8 and 8x12 at k_unroll 2"), ("tile = 8x8  k_unroll = 4", "k_unroll 2"),
+                       ("tile = 8x12  k_unroll = 2  scale_type = fp16", "a_scale_type = fp16"),
                        ("tile = 1x8  op = gemv", "op gemm"), ("tile = 8x8  bits = 8", "bits 4")):
         with pytest.raises(SpecError, match=what):
             specs_from_text(f"kernel s {{ target = ime  compute = int8  {text}  stage_b = m_block }}")

@@ -22,6 +22,7 @@ CONFIGS = [
     "tile = 8x12  k_unroll = 2  panel = 12  block = 64  spread = per_register  scale_type = fp16",
     "tile = 4x16  k_unroll = 2  panel = 16  block = 32",
     "tile = 12x4  k_unroll = 2  panel = 4  block = 128",
+    "tile = 8x12  k_unroll = 2  panel = 24  block = 64  stage_b = m_block  scale_type = fp16  a_scale_type = fp16",
 ]
 
 

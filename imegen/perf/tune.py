@@ -140,6 +140,10 @@ def stage2(settings: dict[str, object], *, quick: bool = False) -> list[dict[str
                     for sp in ({}, {"spread": "per_register"})]
         plain = {k: v for k, v in settings.items() if k != "spread"}  # a16 spreads its e16 scales per register already
         layouts += [{**plain, "panel": p, "scale_type": "fp16", "stage_b": "m_block", "a_scale_type": "fp16"} for p in panels]
+    if str(settings["tile"]) in ("8x8", "8x12") and settings["k_unroll"] == 2:  # staged 8x12: fp16 A scales only
+        plain = {k: v for k, v in settings.items() if k != "spread"}
+        layouts += [{**plain, "tile": "8x12", "panel": p, "scale_type": "fp16", "stage_b": "m_block", "a_scale_type": "fp16"}
+                    for p in ((12,) if quick else (12, 24, 48))]
     if isinstance(validate({**settings, "spread": "per_register"}), KernelSpec):  # what ir.spread_refusal allows
         layouts += [{**settings, "panel": p, "scale_type": st, "spread": "per_register"} for p in panels for st in ("fp32", "fp16")]
     return layouts
