@@ -104,6 +104,10 @@ def test_overhead_is_what_the_counts_spend_beyond_the_static_tile_block():
            "vec_bytes": (34 * 100 + 320) * 16}
     over = floors.overhead_of(row, spec)
     assert over.issue == pytest.approx(0.1) and over.vls == pytest.approx(0.2)
+    # VLS-bound, the modeled time is the VLS's cycles (indexed stores charged by the element): 1600 vmadots
+    # on 4 cores in 1000 cycles each = 2.5 VLS cycles per vmadot, 34 / 16 of them in the (tile, block)s.
+    vls_bound = {**row, "bound_4cores": "vls", "ms_4cores": 1000 / 2.0e9 * 1e3}
+    assert floors.overhead_of(vls_bound, spec).vls == pytest.approx(2.5 - 34 / 16)
 
 
 def test_report_gives_fold_budgets():

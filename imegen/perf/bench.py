@@ -56,7 +56,7 @@ class BenchResult:
     llama: tuple = ()  # llama_real.LlamaRow: llama.cpp's real kernels, block 32
     ort: tuple = ()  # ort_rows.OrtRow: stock riscv64 onnxruntime per Run, and ORT + imegen's library
     whole: object = None  # ort_model.WholeModel (full runs): the whole Qwen model in stock ORT and ORT + imegen
-    twins: dict = field(default_factory=dict)  # (case, B scale type) -> the fewest-instruction twin (scale_twins)
+    twins: dict = field(default_factory=dict)  # (case, B scale type) -> (the fewest-instruction twin, own form?) (scale_twins)
 
     def get(self, case: Case, kind: str) -> Evaluation:
         return next(r.ev for r in self.rows if r.case == case and r.kind == kind)
@@ -102,7 +102,9 @@ def _twin_specs(best: ir.KernelSpec, scale_type: str) -> list[ir.KernelSpec]:
 
 def scale_twins(targets: list[Case], tuned: tune.TuneResult, log=None) -> dict:
     """For every case tuned to fp16 scales, its twins with fp32 B scales and with fp16 B scales against
-    fp32 A scales, each the fewer-instruction of its two forms, measured where the tuner did not."""
+    fp32 A scales, each the fewer-instruction of its two forms, measured where the tuner did not; where
+    the tuned config has no such form (8x12 staged kernels exist with fp16 A scales only), the
+    fewest-instruction config of that precision the tuner measured for the case. Values: (twin, own form)."""
     wanted = {(c, st): _twin_specs(tuned.best[c].spec, st) for c in targets if tuned.best[c].spec.scale_type == "fp16"
               for st in ("fp32", "fp16")}
     measured = {(e.spec.name, c): e for c in targets for e in tuned.ranking[c]}
@@ -115,8 +117,13 @@ def scale_twins(targets: list[Case], tuned: tune.TuneResult, log=None) -> dict:
         log(f"bench: {len(missing)} scale-precision twins the tuner did not measure")
     for spec, cs in missing.values():
         measured.update(tune.evaluate([spec], cs, jobs=1, log=log))
-    return {key: min((measured[(s.name, key[0])] for s in specs), key=lambda e: x60.total_instructions(e.counts))
-            for key, specs in wanted.items() if specs}
+    twins = {key: (min((measured[(s.name, key[0])] for s in specs), key=lambda e: x60.total_instructions(e.counts)), True)
+             for key, specs in wanted.items() if specs}
+    for c, st in wanted.keys() - twins.keys():
+        pool = [e for e in tuned.ranking[c] if e.spec.scale_type == st and e.spec.a_scale_type == "fp32"]
+        if pool:
+            twins[(c, st)] = (min(pool, key=lambda e: x60.total_instructions(e.counts)), False)
+    return twins
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,20 +331,23 @@ def scale_precision_text(res: BenchResult) -> str:
         best = res.tuned.best[c]
         twins = [res.twins.get((c, st)) for st in ("fp32", "fp16")]
         mine = x60.total_instructions(best.counts)
-        f32 = x60.total_instructions(twins[0].counts) if twins[0] else None
-        f16 = x60.total_instructions(twins[1].counts) if twins[1] else None
+        f32 = x60.total_instructions(twins[0][0].counts) if twins[0] else None
+        f16 = x60.total_instructions(twins[1][0].counts) if twins[1] else None
+        mark = ["" if t is None or t[1] else "*" for t in twins]
         what = best.spec.scale_type + ("/A fp16" if best.spec.a_scale_type == "fp16" else "")
         if f32 is not None and best.spec.scale_type == "fp16":
             compared += 1
             if mine > f32:
                 worse.append(f"{c.label} (+{100 * (mine / f32 - 1):.1f}%)")
-        body.append([c.shape, str(c.M), str(c.block), short_config(best.spec), what, _m(mine), _m(f32) if f32 else "-",
-                     _m(f16) if f16 else "-", f"{mine / f32:.3f}" if f32 else "-"])
+        body.append([c.shape, str(c.M), str(c.block), short_config(best.spec), what, _m(mine), _m(f32) + mark[0] if f32 else "-",
+                     _m(f16) + mark[1] if f16 else "-", f"{mine / f32:.3f}" if f32 else "-"])
     verdict = (f"fp16-scale tuned configs costing more instructions than their fp32 twin: {len(worse)} of {compared}"
                + (": " + ", ".join(worse) if worse else ""))
     return "\n".join(["Scale precision (instructions MEASURED, millions, one core, whole shape; twins = the tuned config "
                       "with fp32 B and A scales, and with fp16 B scales widened by vfwcvt against fp32 A scales, each the fewer-"
-                      "instruction of its group and per-register spread forms; '-' = fp32-scale tuned configs, no twin):", format_table(head, body, right={1, 2, 5, 6, 7, 8}), verdict])
+                      "instruction of its group and per-register spread forms; '*' = the tuned config has no such form (8x12 "
+                      "staged kernels exist with fp16 A scales only): the fewest-instruction config of that precision the tuner "
+                      "measured for the case; '-' = fp32-scale tuned configs, no twin):", format_table(head, body, right={1, 2, 5, 6, 7, 8}), verdict])
 
 
 def has_measured(res: BenchResult) -> bool:

@@ -95,15 +95,20 @@ class Overhead:
     and charged to every tiling of its kind as an estimate: staging, quantization and C stores scale
     with the elements, not with the tile."""
     issue: float = 0.0  # vector instructions (exact counts)
-    vls: float = 0.0  # VLS cycles, from the bytes vector loads and stores accessed at 16 a cycle (at least)
+    vls: float = 0.0  # VLS cycles: exact where the cell is VLS-bound, else its accessed bytes at 16 a cycle (at least)
 
 
 def overhead_of(row: dict, s: ir.KernelSpec) -> Overhead:
-    """A bench.csv row's counts less its kernel's static (tile, block) cost times its (tile, block)s."""
+    """A bench.csv row's counts less its kernel's static (tile, block) cost times its (tile, block)s. Where
+    the row is VLS-bound its modeled time is the VLS's cycles (indexed C stores charged by the element, as
+    x60 does); elsewhere the bytes its vector loads and stores accessed, at 16 a cycle, bound them below."""
+    p = x60.X60
     est = occupancy.tile_block(plan_kernel(s))["model"]
     vmadot = float(row["vmadot"])
     vector = sum(float(row[c]) for c in x60.VECTOR_CLASSES)
-    vls = float(row["vec_bytes"]) / (x60.X60.dlen // 8) / x60.X60.vls_beats_per_cycle
+    vls = float(row["vec_bytes"]) / (p.dlen // 8) / p.vls_beats_per_cycle
+    if row.get("bound_4cores") == "vls":
+        vls = max(vls, float(row["ms_4cores"]) * 1e-3 * p.clock_hz * p.ime_cores)
     return Overhead(max(0.0, vector / vmadot - est.vector_issue / est.vmadots), max(0.0, vls / vmadot - est.vls / est.vmadots))
 
 
