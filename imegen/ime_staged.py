@@ -108,15 +108,17 @@ def staged_ime_plan(spec: KernelSpec) -> ImePlan:
 
 # Register map of the 8x12 staged kernel: int32 accumulators v0-v11 and fp32 ones v12-v23 by column tile
 # (pair [mi][ni] at 4 ni + 2 mi: one LMUL-4 group per column tile, both row tiles), A of two k-steps
-# v24-v27, one k-step's staged B v28-v30; in the fold v24-v31 are free.
+# v24-v27, one k-step's staged B columns 0..7 v28-v29, both k-steps' columns 8..11 v30-v31 (the staged
+# layout of _stage_b_12); in the fold v24-v31 are free.
 WIDE_A, WIDE_B, WIDE_FACC = 24, 28, 12
 WIDE_SCALE_BYTES = 32  # a block's 12 fp16 B scales (24 bytes), staged as they are, padded to 32
 
 
 def _staged_8x12_plan(spec: KernelSpec) -> ImePlan:
     """stage_b = m_block with TN = 12, TM = 8 and a_scale_type = fp16 (ir.staged_b_refusal): six vmadot
-    tiles, fp32 accumulators in registers (29 of 32 with one k-step's B). An iteration loads A for two
-    k-steps (one vl4r) and each k-step's staged B (a vl2r and a vl1r): 5 loads per 12 vmadots.
+    tiles, fp32 accumulators in registers (32 of 32). An iteration loads A for two k-steps (one vl4r),
+    columns 8..11 of both k-steps' staged B (one vl2r) and columns 0..7 of each (a vl2r): 4 loads per 12
+    vmadots, every one at LMUL 2 or more (LLVM's X60 schedule charges an LMUL-1 load 3 cycles for 32 bytes).
 
     The fold needs no index table in registers: the 8 fp16 A scales are spread over a column tile's 32
     lanes (lane -> its row) by one e16 LMUL-2 gather whose index (lane / 4) vid and vsrl build; the 4
@@ -132,12 +134,12 @@ def _staged_8x12_plan(spec: KernelSpec) -> ImePlan:
     unrolled = iterations <= MAX_UNROLLED_ITERATIONS
     body = [AsmOp("vle8", f"vl4re8.v v{A}, (%[a])", "A: 2 k-steps x 2 tiles")]
     for step in range(ku):
-        body += [AsmOp("vle8", f"vl2re8.v v{B}, (%[b])", f"staged B, k-step {step}: cols 0..7"),
-                 AsmOp("addi", "addi t1, %[b], 64"), AsmOp("vle8", f"vl1re8.v v{B + 2}, (t1)", "cols 8..11"),
-                 AsmOp("addi", "addi %[b], %[b], 96")]
+        body += [AsmOp("vle8", f"vl2re8.v v{B}, (%[b])", f"staged B, k-step {step}: cols 0..7"), AsmOp("addi", "addi %[b], %[b], 64")]
+        if step == 0:
+            body += [AsmOp("vle8", f"vl2re8.v v{B + 2}, (%[b])", "cols 8..11 of k-steps 0 and 1"), AsmOp("addi", "addi %[b], %[b], 64")]
         for mi in range(ma):
             for ni in range(na):
-                vd, vs1, vs2 = acc[mi][ni], A + step * ma + mi, B + ni
+                vd, vs1, vs2 = acc[mi][ni], A + step * ma + mi, B + ni + (step if ni == 2 else 0)
                 word = encode_vmadot(vd, vs1, vs2, signedness="ss")
                 body.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic('ss', 0)} v{vd}, v{vs1}, v{vs2}"))
     body.append(AsmOp("addi", f"addi %[a], %[a], {ku * ma * 32}"))
@@ -186,7 +188,8 @@ def _staged_8x12_plan(spec: KernelSpec) -> ImePlan:
 def _stage_b_12(spec: KernelSpec, iterations: int) -> tuple[AsmOp, ...]:
     """The staging asm of an 8x12 kernel: per block of a 12-column N tile, each 16-k group's codes (a
     vl2r and a vl1r) unpacked at LMUL 4 (the fourth register's lanes are computed, never stored) minus
-    the spread zero points (or 8), stored k-step 0 then 1 (96 bytes each); then the 12 fp16 scales."""
+    the spread zero points (or 8), stored as the tile loop loads them: k-step 0's columns 0..7, columns
+    8..11 of k-steps 0 and 1, k-step 1's columns 0..7 (192 bytes); then the 12 fp16 scales."""
     asym = spec.zero_point == "asymmetric"
     ops = [AsmOp("label", "2:", "each block")]
     if asym:
@@ -200,10 +203,10 @@ def _stage_b_12(spec: KernelSpec, iterations: int) -> tuple[AsmOp, ...]:
                 AsmOp("vsrl", "vsrl.vi v0, v0, 4", "high nibbles: k-step 1"),
                 *((AsmOp("vsub", "vsub.vv v4, v4, v8", "- zero points"), AsmOp("vsub", "vsub.vv v0, v0, v8", "- zero points")) if asym else
                   (AsmOp("vadd", "vadd.vi v4, v4, -8", "- 8"), AsmOp("vadd", "vadd.vi v0, v0, -8", "- 8"))),
-                AsmOp("vse8", "vs2r.v v4, (%[out])", "k-step 0"), AsmOp("addi", "addi t0, %[out], 64"), AsmOp("vse8", "vs1r.v v6, (t0)"),
-                AsmOp("addi", "addi %[out], %[out], 96"),
-                AsmOp("vse8", "vs2r.v v0, (%[out])", "k-step 1"), AsmOp("addi", "addi t0, %[out], 64"), AsmOp("vse8", "vs1r.v v2, (t0)"),
-                AsmOp("addi", "addi %[out], %[out], 96")]
+                AsmOp("vse8", "vs2r.v v4, (%[out])", "k-step 0, cols 0..7"), AsmOp("addi", "addi t0, %[out], 64"),
+                AsmOp("vse8", "vs1r.v v6, (t0)", "k-step 0, cols 8..11"), AsmOp("addi", "addi t0, %[out], 96"),
+                AsmOp("vse8", "vs1r.v v2, (t0)", "k-step 1, cols 8..11"), AsmOp("addi", "addi t0, %[out], 128"),
+                AsmOp("vse8", "vs2r.v v0, (t0)", "k-step 1, cols 0..7"), AsmOp("addi", "addi %[out], %[out], 192")]
     ops += [AsmOp("vset", "vsetivli zero, 12, e16, m1, ta, ma"), AsmOp("vle16", "vle16.v v12, (%[sb])", "B fp16 scales"),
             AsmOp("vse16", "vse16.v v12, (%[out])", "as they are"), AsmOp("addi", f"addi %[out], %[out], {WIDE_SCALE_BYTES}"),
             AsmOp("add", "add %[b], %[b], %[bnext]", "next block's B"), AsmOp("add", "add %[sb], %[sb], %[sbs]", "next block's B scales"),

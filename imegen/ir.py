@@ -276,8 +276,8 @@ def register_budget(spec: KernelSpec) -> dict[str, int]:
             fold = IME_FOLD_REGS_IN_REGISTERS - a_regs - b_regs
         else:
             fold = IME_FOLD_REGS - a_regs - b_regs
-        if staged(spec) and na == 3:  # 8x12: B one k-step at a time, no tables (ime_staged._staged_8x12_plan)
-            return {"int32 accumulators": 12, "fp32 accumulators": 12, "A tiles": a_regs, "B tiles": na}
+        if staged(spec) and na == 3:  # 8x12: columns 0..7 one k-step at a time, 8..11 of two; no tables (ime_staged)
+            return {"int32 accumulators": 12, "fp32 accumulators": 12, "A tiles": a_regs, "B tiles": na + 1}
         if staged(spec):  # no zero points or unpacking in the loop; the fold's tables and B scales stay apart
             return {"int32 accumulators": 2 * ma * na, "fp32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": b_regs,
                     "index tables": 2 * ma, "spread B scales": 4}
