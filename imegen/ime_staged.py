@@ -44,7 +44,6 @@ def staged_ime_plan(spec: KernelSpec) -> ImePlan:
     facc = tuple(tuple(4 * ma + 4 * mi + 2 * ni for ni in range(na)) for mi in range(ma))
     B, A, T = B_STAGED, A_STAGED, TABLES_STAGED
     iterations = spec.block // 16
-    unrolled = iterations <= MAX_UNROLLED_ITERATIONS
     body = [AsmOp("vle8", f"vl{ku * ma}re8.v v{A}, (%[a])", f"A: {ku} k-steps x {ma} tiles"),
             AsmOp("vle8", f"vl4re8.v v{B}, (%[b])", "staged B: k-step 1 (v16-v17), k-step 0 (v18-v19), cols 0..7"),
             AsmOp("addi", "addi %[b], %[b], 128")]
@@ -52,8 +51,7 @@ def staged_ime_plan(spec: KernelSpec) -> ImePlan:
         for mi in range(ma):
             for ni in range(na):
                 vd, vs1, vs2 = acc[mi][ni], A + step * ma + mi, B + 2 * (1 - step) + ni
-                word = encode_vmadot(vd, vs1, vs2, signedness="ss")
-                body.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic('ss', 0)} v{vd}, v{vs1}, v{vs2}"))
+                body.append(_vmadot(vd, vs1, vs2))
     body.append(AsmOp("addi", f"addi %[a], %[a], {ku * ma * 32}"))
     fold: list[AsmOp] = []
     vt = Vtype(fold)
@@ -83,27 +81,45 @@ def staged_ime_plan(spec: KernelSpec) -> ImePlan:
                 else zero_accumulators(g, on_vfp=True, halves=per_register))
     col_tables = ((AsmOp("addi", f"addi t0, %[idx16], {32 * ma}"),
                    AsmOp("vle16", f"vl2re16.v v{COLUMN_TABLES_STAGED}, (t0)", "e16 column tables, for every block")) if a_fp16 else ())
-    tile_start = (*zero_fp32,
-                  AsmOp("vle16", f"vl{ma if a_fp16 else 2 * ma}re16.v v{T}, (%[idx16])", "e16 row tables, for every block"),
-                  *col_tables,
-                  AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
-    block_end = (AsmOp("addi", f"addi %[sa], %[sa], {(2 if a_fp16 else 4) * 4 * ma}", "next block's A scales"),
+    tables = (AsmOp("vle16", f"vl{ma if a_fp16 else 2 * ma}re16.v v{T}, (%[idx16])", "e16 row tables, for every block"),
+              *col_tables)
+    return _staged_plan(
+        spec, acc, facc, body, fold, (*zero_fp32, *tables), acc_zero, a_scale_bytes=(2 if a_fp16 else 4) * 4 * ma,
+        stage=_stage_b(spec, iterations), stage_block_bytes=iterations * 128 + (STAGED_FP16_SCALE_BYTES if a_fp16 else 128),
+        index16=(STAGED_FP16_ROW_INDEX[:16 * ma] + STAGED_COLUMN_INDEX if a_fp16 else
+                 (STAGED_PER_REGISTER_ROW_INDEX if per_register else STAGED_ROW_INDEX)[:32 * ma]),
+        stage_index=() if a_fp16 else STAGED_COLUMN_INDEX,  # a16 stages its scales as they are: no spread
+    )
+
+
+def _vmadot(vd: int, vs1: int, vs2: int) -> AsmOp:
+    """A signed x signed vmadot: staged B holds codes minus their zero points."""
+    word = encode_vmadot(vd, vs1, vs2, signedness="ss")
+    return AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic('ss', 0)} v{vd}, v{vs1}, v{vs2}")
+
+
+def _staged_plan(spec: KernelSpec, acc, facc, body: list[AsmOp], fold: list[AsmOp], start: tuple[AsmOp, ...],
+                 acc_zero: tuple[AsmOp, ...], a_scale_bytes: int, stage: tuple[AsmOp, ...], stage_block_bytes: int,
+                 **extra) -> ImePlan:
+    """What every staged kernel shares: one asm statement loops over the blocks (tile start `start`, then per
+    block the loop and fold, the A scales advanced by a_scale_bytes), k_unroll 2 (one 16-k group an
+    iteration), row-major fp32 accumulators in memory for the C epilogue, whole tiles stored to C."""
+    ma, na = len(acc), len(acc[0])
+    iterations = spec.block // 16
+    unrolled = iterations <= MAX_UNROLLED_ITERATIONS
+    tile_start = (*start, AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
+    block_end = (AsmOp("addi", f"addi %[sa], %[sa], {a_scale_bytes}", "next block's A scales"),
                  AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
     direct_store = not spec.bias
     return ImePlan(
         ma=ma, na=na, acc_regs=acc, prologue=(), body=tuple(body), fold=tuple(fold),
-        iterations_per_block=iterations, a_bytes_per_iteration=ku * ma * 32,
+        iterations_per_block=iterations, a_bytes_per_iteration=2 * ma * 32,
         b_stride=spec.panel * 8, b_walk=iterations * spec.panel * 8,
         clobbers=tuple(f"v{r}" for r in range(32)), vmadots_per_tile_block=(spec.block // 8) * ma * na,
         facc_floats=ma * na * 16, facc_at=f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4",
         facc_regs=facc, direct_store=direct_store, tile_start=tile_start, block_end=block_end,
-        tile_end=tile_end_ops(acc, facc, direct_store),
-        index16=(STAGED_FP16_ROW_INDEX[:16 * ma] + STAGED_COLUMN_INDEX if a_fp16 else
-                 (STAGED_PER_REGISTER_ROW_INDEX if per_register else STAGED_ROW_INDEX)[:32 * ma]),
-        acc_zero=acc_zero, unrolled=unrolled, entry_vset=True,
-        stage=_stage_b(spec, iterations), stage_block_bytes=iterations * 128 + (STAGED_FP16_SCALE_BYTES if a_fp16 else 128),
-        stage_index=() if a_fp16 else STAGED_COLUMN_INDEX,  # a16 stages its scales as they are: no spread
-    )
+        tile_end=tile_end_ops(acc, facc, direct_store), acc_zero=acc_zero, unrolled=unrolled, entry_vset=True,
+        stage=stage, stage_block_bytes=stage_block_bytes, **extra)
 
 
 # Register map of the 8x12 staged kernel: int32 accumulators v0-v11 and fp32 ones v12-v23 by column tile
@@ -131,7 +147,6 @@ def _staged_8x12_plan(spec: KernelSpec) -> ImePlan:
     facc = tuple(tuple(WIDE_FACC + 4 * ni + 2 * mi for ni in range(na)) for mi in range(ma))
     A, B = WIDE_A, WIDE_B
     iterations = spec.block // 16
-    unrolled = iterations <= MAX_UNROLLED_ITERATIONS
     body = [AsmOp("vle8", f"vl4re8.v v{A}, (%[a])", "A: 2 k-steps x 2 tiles")]
     for step in range(ku):
         body += [AsmOp("vle8", f"vl2re8.v v{B}, (%[b])", f"staged B, k-step {step}: cols 0..7"), AsmOp("addi", "addi %[b], %[b], 64")]
@@ -140,8 +155,7 @@ def _staged_8x12_plan(spec: KernelSpec) -> ImePlan:
         for mi in range(ma):
             for ni in range(na):
                 vd, vs1, vs2 = acc[mi][ni], A + step * ma + mi, B + ni + (step if ni == 2 else 0)
-                word = encode_vmadot(vd, vs1, vs2, signedness="ss")
-                body.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic('ss', 0)} v{vd}, v{vs1}, v{vs2}"))
+                body.append(_vmadot(vd, vs1, vs2))
     body.append(AsmOp("addi", f"addi %[a], %[a], {ku * ma * 32}"))
     IDX, SB, P, SA, RAW = 24, 26, 24, 28, 30  # RAW: the A scales (v30) and B scales (v31), one e16 LMUL-2 group
     fold: list[AsmOp] = []
@@ -166,23 +180,10 @@ def _staged_8x12_plan(spec: KernelSpec) -> ImePlan:
         fold.append(AsmOp("vfmacc", f"vfmacc.vv v{facc[0][ni]}, v{acc[0][ni]}, v{P}", f"column tile {ni}, both row tiles"))
     acc_zero = (AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"), AsmOp("vsub", "vsub.vv v0, v0, v0", "int32 accumulators v0-v7"),
                 AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma"), AsmOp("vsub", "vsub.vv v8, v8, v8", "v8-v11"))
-    tile_start = (AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma"), AsmOp("vmv", f"vmv.v.i v{WIDE_FACC}, 0", "fp32 accumulators"),
-                  AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"), AsmOp("vmv", f"vmv.v.i v{WIDE_FACC + 4}, 0"),
-                  AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
-    block_end = (AsmOp("addi", "addi %[sa], %[sa], 16", "next block's A scales"),
-                 AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
-    direct_store = not spec.bias
-    return ImePlan(
-        ma=ma, na=na, acc_regs=acc, prologue=(), body=tuple(body), fold=tuple(fold),
-        iterations_per_block=iterations, a_bytes_per_iteration=ku * ma * 32,
-        b_stride=spec.panel * 8, b_walk=iterations * spec.panel * 8,
-        clobbers=tuple(f"v{r}" for r in range(32)), vmadots_per_tile_block=(spec.block // 8) * ma * na,
-        facc_floats=ma * na * 16, facc_at=f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4",
-        facc_regs=facc, direct_store=direct_store, tile_start=tile_start, block_end=block_end,
-        tile_end=tile_end_ops(acc, facc, direct_store),
-        acc_zero=acc_zero, unrolled=unrolled, entry_vset=True,
-        stage=_stage_b_12(spec, iterations), stage_block_bytes=iterations * 192 + WIDE_SCALE_BYTES,
-    )
+    zero_fp32 = (AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma"), AsmOp("vmv", f"vmv.v.i v{WIDE_FACC}, 0", "fp32 accumulators"),
+                 AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"), AsmOp("vmv", f"vmv.v.i v{WIDE_FACC + 4}, 0"))
+    return _staged_plan(spec, acc, facc, body, fold, zero_fp32, acc_zero, a_scale_bytes=2 * 4 * ma,
+                        stage=_stage_b_12(spec, iterations), stage_block_bytes=iterations * 192 + WIDE_SCALE_BYTES)
 
 
 def _stage_b_12(spec: KernelSpec, iterations: int) -> tuple[AsmOp, ...]:

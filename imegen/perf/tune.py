@@ -135,13 +135,12 @@ def stage2(settings: dict[str, object], *, quick: bool = False) -> list[dict[str
                for u in ("planar", "interleaved") for p in panels for sc in ("inline", "separate") for st in ("fp32", "fp16")]
     if settings["op"] == "gemv":  # its fold multiplies fp16 A and B scales in one vfwmul.vf (ir.a_fp16_refusal)
         layouts += [{**lay, "a_scale_type": "fp16"} for lay in layouts if lay["scale_type"] == "fp16"]
+    plain = {k: v for k, v in settings.items() if k != "spread"}  # a16 spreads its e16 scales per register already
     if str(settings["tile"]) in ("4x8", "8x8") and settings["k_unroll"] == 2:  # what ir.staged_b_refusal allows
         layouts += [{**settings, "panel": p, "scale_type": st, "stage_b": "m_block", **sp} for p in panels for st in ("fp32", "fp16")
                     for sp in ({}, {"spread": "per_register"})]
-        plain = {k: v for k, v in settings.items() if k != "spread"}  # a16 spreads its e16 scales per register already
         layouts += [{**plain, "panel": p, "scale_type": "fp16", "stage_b": "m_block", "a_scale_type": "fp16"} for p in panels]
     if str(settings["tile"]) in ("8x8", "8x12") and settings["k_unroll"] == 2:  # staged 8x12: fp16 A scales only
-        plain = {k: v for k, v in settings.items() if k != "spread"}
         layouts += [{**plain, "tile": "8x12", "panel": p, "scale_type": "fp16", "stage_b": "m_block", "a_scale_type": "fp16"}
                     for p in ((12,) if quick else (12, 24, 48))]
     if isinstance(validate({**settings, "spread": "per_register"}), KernelSpec):  # what ir.spread_refusal allows
