@@ -98,12 +98,14 @@ def tile_end_ops(acc: tuple[tuple[int, ...], ...], facc: tuple[tuple[int, ...], 
     to_facc = tuple(op for mi, row in enumerate(facc) for ni, r in enumerate(row)
                     for op in (AsmOp("addi", f"addi t1, %[facc], {(mi * na + ni) * 64}"), AsmOp("vse32", f"vse32.v v{r}, (t1)")))
     if direct_store:
-        # A whole tile (no bias) goes straight to C: one indexed store per accumulator pair, at byte
-        # offsets r * ldc * 4 + q * 4 of lane 4r + q (built in the dead int32 accumulators).
+        # A whole tile (no bias, C 8-byte aligned) goes straight to C: one indexed store per accumulator
+        # pair at SEW 64, each element two floats of a tile row (lanes 4r + 2h, 4r + 2h + 1) at byte offset
+        # r * ldc * 4 + 8h of element 2r + h, built in the dead int32 accumulators. Half the elements of a
+        # per-float store: the model charges indexed stores by the element, LLVM's X60 schedule by VLMAX.
         T, Q = acc[0][0], acc[0][1] if na > 1 else acc[1][0]
-        to_c = [AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{T}, (t1)", "lane -> row r"),
-                AsmOp("vmul", f"vmul.vx v{T}, v{T}, %[ldc4]", "r * ldc * 4"),
-                AsmOp("vle32", f"vle32.v v{Q}, (%[idx])", "lane -> column q"), AsmOp("vsll", f"vsll.vi v{Q}, v{Q}, 2"),
+        to_c = [AsmOp("vset", "vsetivli zero, 8, e64, m2, ta, ma"), AsmOp("vid", f"vid.v v{T}", "element 2r + h"),
+                AsmOp("vsrl", f"vsrl.vi v{Q}, v{T}, 1", "row r"), AsmOp("vmul", f"vmul.vx v{Q}, v{Q}, %[ldc4]", "r * ldc * 4"),
+                AsmOp("vand", f"vand.vi v{T}, v{T}, 1", "half h"), AsmOp("vsll", f"vsll.vi v{T}, v{T}, 3", "8h"),
                 AsmOp("vadd", f"vadd.vv v{T}, v{T}, v{Q}", "byte offsets in C"),
                 AsmOp("slli", "slli t2, %[ldc4], 2", "4 rows of C"), AsmOp("mv", "mv t0, %[c]")]
         for mi, row in enumerate(facc):
@@ -111,9 +113,10 @@ def tile_end_ops(acc: tuple[tuple[int, ...], ...], facc: tuple[tuple[int, ...], 
                 to_c.append(AsmOp("add", "add t0, t0, t2"))
             for ni, r in enumerate(row):
                 to_c += [AsmOp("addi", f"addi t1, t0, {16 * ni}"),
-                         AsmOp("vsuxei32", f"vsuxei32.v v{r}, (t1), v{T}", f"C rows {4 * mi}.., cols {4 * ni}..")]
-        return (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"), AsmOp("beqz", "beqz %[full], 3f", "an edge tile: via facc"),
-                *to_c, AsmOp("j", "j 4f"), AsmOp("label", "3:"), *to_facc, AsmOp("label", "4:"))
+                         AsmOp("vsuxei64", f"vsuxei64.v v{r}, (t1), v{T}", f"C rows {4 * mi}.., cols {4 * ni}..")]
+        return (AsmOp("beqz", "beqz %[full], 3f", "an edge tile: via facc"),
+                *to_c, AsmOp("j", "j 4f"), AsmOp("label", "3:"), AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
+                *to_facc, AsmOp("label", "4:"))
     return (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"), *to_facc)
 
 

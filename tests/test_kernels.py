@@ -244,6 +244,29 @@ def test_staged_b_over_several_m_blocks(settings):
             assert_writes_the_modeled_workspace(plan, case, result)
 
 
+@pytest.mark.parametrize("settings", [
+    "tile = 8x8  panel = 16  zero_point = asymmetric  scale_type = fp16  block = 32",
+    "tile = 8x12  panel = 24  zero_point = symmetric  scale_type = fp16  a_scale_type = fp16  block = 64  stage_b = m_block",
+])
+def test_direct_c_store_for_every_row_stride(settings):
+    """Whole tiles leave the asm by 8-byte indexed stores when C is 8-byte aligned (an even ldc, an even
+    slice start), else through facc like an edge tile: both ways, and a later K chunk's, exact."""
+    from imegen.verify import Case
+
+    spec = specs_from_text(f"kernel direct {{ target = ime  compute = int8  bits = 4  k_unroll = 2  scales = inline  {settings} }}")[0]
+    plan = plan_kernel(spec)
+    assert plan.ime.direct_store and plan.ime.uses("full")
+    base = make_cases(plan, np.random.default_rng(13), [(16, 50, 5 * spec.block)] * 4, exact=True)
+    cases = [dataclasses.replace(c, lda_pad=0, ldc_pad=pad, slices=slices)
+             for c, (pad, slices) in zip(base, [(0, 1), (1, 1), (2, 1), (0, 3)])]  # ldc 50, 51, 52; slices at 0, 17, 34
+    assert [c.ldc_pad % 2 for c in cases] == [0, 1, 0, 0] and isinstance(cases[0], Case)
+    forced = dataclasses.replace(plan, forced_k_chunks=2)
+    for p in (plan, forced):
+        for compiler in ("clang", "gcc"):
+            for case, result in zip(cases, run_cases(build(p, compiler=compiler), cases, vlen=256)):
+                assert compare(p, case, result, exact=True).ok, (compiler, case.ldc_pad, case.slices, p.forced_k_chunks)
+
+
 def assert_writes_the_modeled_workspace(plan, case, result) -> None:
     """matmul writes no more of its workspace than the X60 model charges to DRAM for it (one reused M block
     buffer of quantized A: x60.a_workspace_dram) plus a staged B's scratch: the driver poisons the
