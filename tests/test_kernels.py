@@ -366,17 +366,23 @@ def test_fp16_a_scales(settings):
 def _check_fp16_a_kernel(plan, exact: list, random, huge_at: tuple[int, int]):
     """Both compilers: the exact cases to the bit, `random` within the fp16-A bound and outside MLAS's
     fp32-A one, and `random` with A[huge_at] = +-1.01 x 127 x 65504 (negative in an even column, so the
-    two tests check both signs) refused with IMEGEN_ERR_RANGE (3). Returns that out-of-range case."""
+    two tests check both signs) refused with IMEGEN_ERR_RANGE (3), by matmul and by matmul_prepared on
+    column slices, also with the huge value in A's last element. Returns that out-of-range case."""
     huge = dataclasses.replace(random, A=random.A.copy())
     huge.A[huge_at] = -127 * 65504 * 1.01 if huge_at[1] % 2 == 0 else 127 * 65504 * 1.01
+    # matmul_prepared checks the prepared scales itself (a vector scan): the same case, and one whose
+    # only huge value sits in the last row's last block (the scan's last vector), as column slices
+    last = dataclasses.replace(random, A=random.A.copy(), slices=2)
+    last.A[-1, -1] = 127 * 65504 * 1.01
+    refused = [huge, dataclasses.replace(huge, slices=2), last]
     fp32_a = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, a_scale_type="fp32"))
     for compiler in ("clang", "gcc"):
-        results = run_cases(build(plan, compiler=compiler), exact + [random, huge], vlen=256)
+        results = run_cases(build(plan, compiler=compiler), exact + [random] + refused, vlen=256)
         for case, result in zip(exact, results):
             assert compare(plan, case, result, exact=True).ok, compiler
         assert compare(plan, random, results[len(exact)]).ok, compiler
         assert not compare(fp32_a, random, results[len(exact)]).ok, compiler
-        assert results[-1].status == 3, compiler  # IMEGEN_ERR_RANGE
+        assert [r.status for r in results[-3:]] == [3] * 3, compiler  # IMEGEN_ERR_RANGE
     return huge
 
 
