@@ -315,11 +315,11 @@ def test_spread_per_register_is_validated_where_it_is_generated():
     import itertools
 
     admitted = 0
-    for tm, tn, ku, zp, st, sc in itertools.product((4, 8, 12, 16), (4, 8, 12, 16), (1, 2, 4), ("symmetric", "asymmetric"),
+    for tm, tn, ku, zp, stype, sc in itertools.product((4, 8, 12, 16), (4, 8, 12, 16), (1, 2, 4), ("symmetric", "asymmetric"),
                                                     ("fp32", "fp16"), ("inline", "separate")):
         try:
             spec = specs_from_text(f"kernel k {{ target = ime  compute = int8  bits = 4  tile = {tm}x{tn}  panel = {tn}  "
-                                   f"k_unroll = {ku}  zero_point = {zp}  scale_type = {st}  scales = {sc}  spread = per_register }}")[0]
+                                   f"k_unroll = {ku}  zero_point = {zp}  scale_type = {stype}  scales = {sc}  spread = per_register }}")[0]
         except SpecError:
             continue
         plan_kernel(spec)
