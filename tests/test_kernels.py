@@ -256,6 +256,10 @@ def test_direct_c_store_for_every_row_stride(settings):
     spec = specs_from_text(f"kernel direct {{ target = ime  compute = int8  bits = 4  k_unroll = 2  scales = inline  {settings} }}")[0]
     plan = plan_kernel(spec)
     assert plan.ime.direct_store and plan.ime.uses("full")
+    # one 8-element store per accumulator pair (the X60 model charges indexed stores by the element)
+    stores = [op for op in plan.ime.tile_end if op.kind.startswith("vsuxei")]
+    assert len(stores) == plan.ime.ma * plan.ime.na and all(op.kind == "vsuxei64" for op in stores)
+    assert plan.ime.tile_end[1].text == "vsetivli zero, 8, e64, m2, ta, ma"  # after the edge-tile branch
     base = make_cases(plan, np.random.default_rng(13), [(16, 50, 5 * spec.block)] * 4, exact=True)
     cases = [dataclasses.replace(c, lda_pad=0, ldc_pad=pad, slices=slices)
              for c, (pad, slices) in zip(base, [(0, 1), (1, 1), (2, 1), (0, 3)])]  # ldc 50, 51, 52; slices at 0, 17, 34
