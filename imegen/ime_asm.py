@@ -95,8 +95,9 @@ def tile_end_ops(acc: tuple[tuple[int, ...], ...], facc: tuple[tuple[int, ...], 
     """After the last block: the fp32 accumulator pairs to facc (for the C epilogue), or with
     `direct_store` whole tiles straight to C and edge tiles to facc."""
     na = len(acc[0])
-    to_facc = tuple(op for mi, row in enumerate(facc) for ni, r in enumerate(row)
-                    for op in (AsmOp("addi", f"addi t1, %[facc], {(mi * na + ni) * 64}"), AsmOp("vse32", f"vse32.v v{r}, (t1)")))
+    to_facc = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
+               *(op for mi, row in enumerate(facc) for ni, r in enumerate(row)
+                 for op in (AsmOp("addi", f"addi t1, %[facc], {(mi * na + ni) * 64}"), AsmOp("vse32", f"vse32.v v{r}, (t1)"))))
     if direct_store:
         # A whole tile (no bias, C 8-byte aligned) goes straight to C: one indexed store per accumulator
         # pair at SEW 64, each element two floats of a tile row (lanes 4r + 2h, 4r + 2h + 1) at byte offset
@@ -115,9 +116,8 @@ def tile_end_ops(acc: tuple[tuple[int, ...], ...], facc: tuple[tuple[int, ...], 
                 to_c += [AsmOp("addi", f"addi t1, t0, {16 * ni}"),
                          AsmOp("vsuxei64", f"vsuxei64.v v{r}, (t1), v{T}", f"C rows {4 * mi}.., cols {4 * ni}..")]
         return (AsmOp("beqz", "beqz %[full], 3f", "an edge tile: via facc"),
-                *to_c, AsmOp("j", "j 4f"), AsmOp("label", "3:"), AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
-                *to_facc, AsmOp("label", "4:"))
-    return (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"), *to_facc)
+                *to_c, AsmOp("j", "j 4f"), AsmOp("label", "3:"), *to_facc, AsmOp("label", "4:"))
+    return to_facc
 
 
 def zero_accumulators(n_regs: int, on_vfp: bool, halves: bool = False) -> tuple[AsmOp, ...]:
