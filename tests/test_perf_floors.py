@@ -46,8 +46,13 @@ def test_hand_derived_floors():
     assert staged.registers == 20
     assert [staged.per_vmadot(b, v) for b in (32, 64, 128) for v in ("model", "measured", "robust")] == [2.0] * 9
     # 8x16 with 4-bit codes and fp32 accumulators in memory, block 128: (2 + 2) x 16 + 4 x 8 = 96 registers
-    # moved (192 VLS cycles) for 128 vmadot.
-    assert floors.Tiling(2, 4, False, True).per_vmadot(128) == 1.5
+    # moved (192 VLS cycles) for 128 vmadot, but the vector issue slot binds: 128 vmadots, 96 / 8 loads and
+    # one vand or vsrl for each of the 4 x 16 unpacked registers (no int4 vmadot on the K1).
+    t = floors.Tiling(2, 4, False, True)
+    assert t.cycles(128)["vls"] == 192 and t.per_vmadot(128) == (128 + 12 + 64) / 128
+    # The best 4-bit kind: 12x8 with fp32 in registers, 6 vmadots, 2 unpacks and 3 + 1 registers moved a k-step.
+    cost, t = floors.best(128, "robust", int4=True)
+    assert (t.a, t.b, t.fp32_in_registers) == (3, 2, True) and cost == pytest.approx((6 + 2 + 4 / 8) / 6)
     # With fp32 accumulators in registers no tile beyond 6 vmadot tiles fits: int8 B bottoms out at 8x12 / 12x8.
     cost, t = floors.best(32, "robust", fp32_in_registers=True, int4=False)
     assert cost == pytest.approx(5 / 3) and t.a * t.b == 6
@@ -59,7 +64,8 @@ def test_hand_derived_floors():
 def test_report_names_the_cells_the_tuned_tiling_cannot_reach():
     text = floors.report(ROOT / "bench" / "results").split("Fold budgets")[0]
     cells = {tuple(line.split()[:3]): line for line in text.splitlines() if line.split()[:1] in (["gate/up"], ["lm_head"], ["down"])}
-    assert ("lm_head", "512", "32") in cells and "beyond its tiling" in cells[("lm_head", "512", "32")]
+    for block in ("32", "64", "128"):  # no int8-B floor fits, and no 4-bit tiling leaves room for a fold
+        assert "beyond every tiling's reach" in cells[("lm_head", "512", block)]
     assert "DRAM-bound" in cells[("down", "512", "32")]
     for c in floors.cell_budgets(ROOT / "bench" / "results"):  # 1.5x of a roofline of 1 cycle per vmadot or more
         assert c["allowed"] >= 1.5 - 1e-9
@@ -85,6 +91,13 @@ def test_fold_budgets():
     assert floors.fold_budget(t, 64, 1.86, floors.Overhead(vls=0.2)) is None
     # fp32 accumulators in memory: 12x16's 24 of them loaded and stored once per block (3 + 3 instructions).
     assert floors.Tiling(3, 4, False, False).issue_per_block(128) == 12 * 16 + 16 * (2 + 1) + 6
+    # 4-bit codes unpacked in the tile, 12x8 at block 128: 96 vmadots, 16 A loads of 3 registers (vl2r + vl1r),
+    # 8 code loads (2 registers, 2 k-steps each), 32 unpacks = 168, above the 154 slots 1.61 per vmadot allows
+    # (lm_head M = 512): no fold fits, though its floor (1.42) does.
+    t = floors.Tiling(3, 2, True, True)
+    assert t.k_unroll() == 1 and t.spare_registers() == 1 and t.issue_per_block(128) == 96 + 32 + 8 + 32
+    assert t.per_vmadot(128, "robust") < 1.61 and floors.fold_budget(t, 128, 1.61) is None
+    assert floors.fold_budget(t, 128, 1.9) == floors.Budget(int(1.9 * 96 - 168), pytest.approx(1.9 * 96 - 2 * 4 * 16))
     # The staged a16 fold the tuner picks at block 32: 12 vector instructions and a 1-instruction block start
     # (vsetvli excluded: a scalar issue slot under the model). Its (tile, block) is exactly that on top of
     # 16 vmadots and 2 whole-register loads (A, B) per iteration: the budget and the kernel count alike.

@@ -19,7 +19,8 @@ s = block / 8 k-steps (docs/ime-isa.md §2, §7; imegen/perf/x60.py):
   VLS           >= 2 cycles per 32-byte register moved: the model charges 16 bytes a cycle, LLVM's
                 measured occupancies 3 cycles at LMUL 1 and 4/8/16 at LMUL 2/4/8
   VIEU          4-bit codes: >= 1 cycle per unpacked register under the model, 2 under LLVM's (vand, vsrl)
-  vector issue  >= the vmadots plus one load instruction per 8 registers moved
+  vector issue  >= the vmadots plus one load instruction per 8 registers moved, plus (4-bit codes) one
+                vand or vsrl per unpacked register: the K1 has no int4 vmadot (docs/ime-isa.md §1)
 Everything here is MODELED and a lower bound: a real kernel adds its fold, zero points and edges.
 """
 
@@ -37,6 +38,7 @@ from . import occupancy, tune, x60
 REGISTERS = 32
 VLS_PER_REGISTER = 2  # cycles per 32-byte register, both views (LMUL >= 2 loads; LMUL 1 costs 3 under LLVM's)
 GOAL = 1.5  # issue 10: prefill within 1.5x of the roofline
+MIN_FOLD = 4  # vector instructions any fold takes: A and B scales loaded, dots converted, one multiply-accumulate
 
 
 @dataclass(frozen=True)
@@ -61,20 +63,32 @@ class Tiling:
         s = block // 8
         vmadot = self.a * self.b * s
         moved = (self.a + (self.b / 2 if self.int4 else self.b)) * s + (0 if self.fp32_in_registers else 4 * self.a * self.b)
-        return {"ime": vmadot, "issue": vmadot + moved / 8, "vls": VLS_PER_REGISTER * moved,
+        unpack = self.b * s if self.int4 else 0
+        return {"ime": vmadot, "issue": vmadot + moved / 8 + unpack, "vls": VLS_PER_REGISTER * moved,
                 "vieu": self.b * s * (2 if measured else 1) if self.int4 else 0.0}
 
     def k_unroll(self) -> int:
-        """int8 B: the most k-steps (1, 2 or 4) one loop iteration can load next to the accumulators."""
-        acc = self.registers - self.a - self.b
-        return max(ku for ku in (1, 2, 4) if acc + ku * (self.a + self.b) <= REGISTERS)
+        """The most k-steps (1, 2 or 4) one loop iteration can load next to the accumulators: A and B
+        registers a k-step (int8 B), or A registers a k-step beside one code register and one unpacked
+        register per 4 columns (4-bit codes: a code register serves 2 k-steps, each unpacked in place of
+        the last)."""
+        per_step = self.a if self.int4 else self.a + self.b
+        fixed = self.registers - per_step
+        return max(ku for ku in (1, 2, 4) if fixed + ku * per_step <= REGISTERS)
+
+    def spare_registers(self) -> int:
+        return REGISTERS - self.registers - (self.k_unroll() - 1) * (self.a if self.int4 else self.a + self.b)
 
     def issue_per_block(self, block: int) -> float:
-        """int8 B: vector issue slots of one (tile, block) for its vmadots, whole-register operand loads
-        (k_unroll() k-steps an iteration) and, with fp32 accumulators in memory, their whole-register load
-        and store; the fold's arithmetic, accumulator zeroing and loop overhead come on top."""
+        """Vector issue slots of one (tile, block) for its vmadots, whole-register operand loads
+        (k_unroll() k-steps an iteration; 4-bit codes: b registers every 2 k-steps), the 4-bit codes'
+        unpacking (one vand or vsrl per unpacked register) and, with fp32 accumulators in memory, their
+        whole-register load and store; the fold's arithmetic, accumulator zeroing and loop overhead come on top."""
         ku, s = self.k_unroll(), block // 8
         facc = 0 if self.fp32_in_registers else 2 * load_instructions(2 * self.a * self.b)
+        if self.int4:
+            return (self.a * self.b * s + s / ku * load_instructions(self.a * ku) + s / 2 * load_instructions(self.b)
+                    + self.b * s + facc)
         return self.a * self.b * s + s / ku * (load_instructions(self.a * ku) + load_instructions(self.b * ku)) + facc
 
     def per_vmadot(self, block: int, view: str = "model") -> float:
@@ -119,24 +133,28 @@ class Budget:
 
 
 def fold_budget(t: Tiling, block: int, allowed: float, over: Overhead = Overhead()) -> Budget | None:
-    """What an int8-B tiling leaves its fold within `allowed` cycles per vmadot under the model, after its
-    vmadots and whole-register operand loads (one vector instruction a cycle; 2 VLS cycles per operand
-    register) and `over` (None: its operand floor and the overhead alone are above `allowed`)."""
-    if t.int4 or t.per_vmadot(block, "robust") + over.vls > allowed:
+    """What a tiling leaves its fold within `allowed` cycles per vmadot under the model, after its
+    vmadots, whole-register operand loads and (4-bit codes) unpacking (one vector instruction a cycle;
+    2 VLS cycles per operand register) and `over` (None: its operand floor and the overhead alone are
+    above `allowed`, or what its loads and unpacking leave is less than any fold takes, MIN_FOLD)."""
+    if t.per_vmadot(block, "robust") + over.vls > allowed:
         return None
     vmadots = t.a * t.b * (block // 8)
-    return Budget(int((allowed - over.issue) * vmadots - t.issue_per_block(block)),
-                  (allowed - over.vls) * vmadots - t.cycles(block)["vls"])
+    issue = int((allowed - over.issue) * vmadots - t.issue_per_block(block))
+    if issue < MIN_FOLD:
+        return None
+    return Budget(issue, (allowed - over.vls) * vmadots - t.cycles(block)["vls"])
 
 
-def largest_budget(block: int, allowed: float, over: Overhead = Overhead()) -> tuple[Budget | None, Tiling | None]:
-    """The int8-B tiling with the largest fold budget (fewest registers on a tie), or (None, None)."""
-    fits = [(b, t) for t in tilings() if not t.int4 and (b := fold_budget(t, block, allowed, over)) is not None]
+def largest_budget(block: int, allowed: float, over: Overhead = Overhead(), int4: bool = False) -> tuple[Budget | None, Tiling | None]:
+    """The tiling of a B kind (int8 B, or 4-bit codes unpacked in the tile) with the largest fold budget
+    (fewest registers on a tie), or (None, None)."""
+    fits = [(b, t) for t in tilings() if t.int4 == int4 and (b := fold_budget(t, block, allowed, over)) is not None]
     return max(fits, key=lambda x: (x[0].issue, -x[1].registers)) if fits else (None, None)
 
 
 def _tiling_note(t: Tiling) -> str:
-    return f"{4 * t.a}x{4 * t.b}, k_unroll {t.k_unroll()}, spare registers {REGISTERS - t.registers - (t.k_unroll() - 1) * (t.a + t.b)}"
+    return f"{4 * t.a}x{4 * t.b}, k_unroll {t.k_unroll()}, spare registers {t.spare_registers()}"
 
 
 def fold_instructions(s: ir.KernelSpec) -> int:
@@ -229,10 +247,14 @@ def report(results: Path, blocks=(32, 64, 128)) -> str:
         fits = bare is not None
         n = bare.issue if fits else None
         after = (f"{paid.issue} and {paid.vls:.1f} VLS cycles" if paid else "none fits") + " after the tuned kernel's overhead"
+        int4, k4 = largest_budget(c["block"], c["allowed"], int4=True)
         beyond = (f"beyond its tiling's floor: {4 * k.a}x{4 * k.b}-class tiles fit, with a fold of at most {n} vector "
                   f"instructions ({after}; fold budgets below)" if fits else
                   f"beyond its tiling's floor and every int8-B one's: needs 4-bit codes unpacked in the tile, "
-                  f"{4 * t.a}x{4 * t.b} at best ({t.registers} of {REGISTERS} registers)")
+                  f"{4 * k4.a}x{4 * k4.b} at best, with a fold of at most {int4.issue} vector instructions" if int4 else
+                  f"beyond every tiling's reach under the model: int8 B's operand floor is above it, and 4-bit codes "
+                  f"unpacked in the tile ({4 * t.a}x{4 * t.b}'s floor {floor:.2f}) leave fewer issue slots than any fold "
+                  f"takes ({MIN_FOLD}) once their whole-register loads and unpacking (one vand or vsrl per register) are counted")
         verdict = "; ".join(
             (["DRAM-bound: needs a schedule moving fewer bytes"] if c["bound"] == "dram" else [])
             + [beyond if own_floor > c["allowed"] else "its tiling's floor fits: the fold and loop overhead decide"])
