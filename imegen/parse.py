@@ -5,6 +5,7 @@ Only syntax is checked here; what the settings mean is decided in ir.py.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -77,7 +78,9 @@ def parse_text(text: str, filename: str = "<spec>") -> list[Block]:
         raise SpecError(Span(filename, e.line, e.column), f"expected {_describe(e.expected)}, got {str(e.token)!r}") from None
     except lark.UnexpectedCharacters as e:
         expected = f"; expected {_describe(e.allowed)}" if e.allowed else ""
-        raise SpecError(Span(filename, e.line, e.column), f"unexpected character {text[e.pos_in_stream]!r}{expected}") from None
+        word = re.match(r"[^\s{};=#]*", text[e.pos_in_stream:]).group(0)[:40]
+        what = f"unexpected {word!r}" if len(word) > 1 else f"unexpected character {text[e.pos_in_stream]!r}"
+        raise SpecError(Span(filename, e.line, e.column), what + expected) from None
     except lark.UnexpectedEOF as e:
         raise SpecError(Span(filename, *_end_of(text)), f"unexpected end of file, expected {_describe(set(e.expected))}") from None
     return [_block(node, filename) for node in tree.children]

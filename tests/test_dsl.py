@@ -69,6 +69,13 @@ def test_stray_character():
     assert_error("kernel k {\n  bits = 4 @\n}\n", "2:12", "unexpected character '@'", "expected", "'}'")
 
 
+def test_malformed_value_is_reported_whole_where_it_starts():
+    # A number or tile runs into letters: one bad value at its own position, not a number followed by a
+    # setting name that then lacks its '='.
+    for value in ("8x", "4b", "8x12x4", "32_"):
+        assert_error(kernel(f"tile = {value}"), "2:10", f"unexpected {value!r}", "a tile such as 4x16", "an integer")
+
+
 def test_misspelled_kernel_keyword():
     assert_error("kernal k {\n  bits = 4\n}\n", "1:1", "expected", "'kernel'", "'defaults'", "got 'kernal'")
 
