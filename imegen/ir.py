@@ -358,7 +358,10 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
     if spec.op == "gemv" and spec.tile_m != 1:
         refuse("tile", f"a gemv kernel computes one row at a time, so its tile must be 1xN, not {spec.tile_m}x{spec.tile_n}")
     if spec.panel % spec.tile_n:
-        refuse("panel", f"panel width {spec.panel} must be a multiple of the tile width {spec.tile_n}")
+        if "panel" in s:
+            refuse("panel", f"panel width {spec.panel} must be a multiple of the tile width {spec.tile_n}")
+        refuse("tile", f"tile width {spec.tile_n} does not divide the default panel width {spec.panel}; set panel to "
+               f"a multiple of {spec.tile_n} (e.g. panel = {spec.tile_n})")
 
     if spec.target == "scalar":
         if spec.vlen is not None:

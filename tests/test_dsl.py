@@ -255,6 +255,8 @@ def test_gemv_tile_must_be_one_row():
 
 def test_panel_multiple_of_tile_width():
     assert_error(kernel("tile = 1x16", "panel = 24"), "3:3", "panel width 24", "multiple of the tile width 16")
+    # With panel left at its default the tile is what was written: point there and say what to set.
+    assert_error(kernel("op = gemm", "tile = 8x12"), "3:3", "default panel width 16", "panel = 12")
 
 
 def test_scalar_has_no_vlen():
