@@ -115,6 +115,21 @@ def test_rvv_kernel_refuses_too_small_vlen():
     assert compare(plan, case, ok).ok
 
 
+@pytest.mark.parametrize("op", ["gemm", "gemv"])
+def test_ime_kernel_refuses_other_vlens_by_itself(op):
+    """On a hart whose VLEN is not the K1's the driver installs no emulator, so the kernel must return
+    IMEGEN_ERR_VLEN before its first vmadot (which would die by SIGILL) and leave C alone."""
+    tile = "8x8" if op == "gemm" else "1x16"
+    spec = specs_from_text(f"kernel k {{ op = {op}  target = ime  compute = int8  tile = {tile}  panel = {tile.split('x')[1]} }}")[0]
+    plan = plan_kernel(spec)
+    case = make_cases(plan, np.random.default_rng(0), [(3, 20, 64)], exact=False)[0]
+    for vlen in (128, 512):
+        [r] = run_cases(build(plan), [case], vlen=vlen)
+        assert (r.status, r.vmadots) == (1, 0), vlen  # IMEGEN_ERR_VLEN
+    [ok] = run_cases(build(plan), [case], vlen=256)
+    assert ok.status == 0 and ok.vmadots > 0 and compare(plan, case, ok).ok
+
+
 @pytest.mark.parametrize("target", ["scalar", "rvv", "ime"])
 def test_a_wrong_layout_is_caught(target):
     """The harness can fail: a kernel whose packer puts nibbles in the wrong place must not pass."""
