@@ -24,7 +24,8 @@ OK, ERR_ARG = 0, 2
 # One line per call in hostile_args.c, in order.
 EXPECTED = ["1", "1", "1", "1",  # size functions
             str(OK), *[str(ERR_ARG)] * 11, str(OK), str(OK), f"{OK} 1", f"{OK} {OK} 1",
-            f"{OK} 1", *[str(ERR_ARG)] * 3, "1", "1"]  # matmul_prepared
+            f"{OK} 1", *[str(ERR_ARG)] * 3, "1", "1",  # matmul_prepared
+            *[str(ERR_ARG)] * 4, str(OK), str(ERR_ARG), str(OK), *[str(ERR_ARG)] * 3]  # C overlapping its inputs
 
 
 def _build(tmp_path, name, host):

@@ -73,6 +73,22 @@ int main(void) {
     printf("%d\n", P(matmul_prepared)(M0, N0, K0, pb, bs, NULL, N0, ws, scratch));            /* NULL C */
     printf("%d\n", P(scratch_size)(SIZE_MAX / 2) == 0 || P(scratch_size)(K0) == 0);           /* never wraps */
     printf("%d\n", P(matmul_prepared)(M0, N0, K0, pb, bs, c3, N0, ws, NULL) == (P(scratch_size)(K0) ? 2 : 0)); /* NULL scratch */
+    /* C overlapping what the call reads: refused (no call computes in place); C just past A: fine */
+    printf("%d\n", P(matmul)(M0, N0, K0, a, K0, pb, bs, a, N0, ws));                  /* C on A */
+    printf("%d\n", P(matmul)(M0, N0, K0, a, K0, pb, bs, (float *)ws, N0, ws));        /* C in the workspace */
+    printf("%d\n", P(matmul)(M0, N0, K0, a, K0, pb, bs, (float *)pb, N0, ws));        /* C on packed B */
+    printf("%d\n", HAS_BIAS ? P(matmul)(M0, N0, K0, a, K0, pb, bias, bias, N0, ws) : 2); /* C on the bias */
+    static float ac[M0 * K0 + M0 * N0];
+    memcpy(ac, a, sizeof a);
+    printf("%d\n", P(matmul)(M0, N0, K0, ac, K0, pb, bs, ac + M0 * K0, N0, ws));     /* C right after A */
+    printf("%d\n", P(matmul)(M0, N0 - 1, K0, ac, K0, pb, bs, ac + M0 * K0 - 1, N0, ws)); /* C on A's last float */
+    static float ca[M0 * N0 + M0 * K0];
+    memcpy(ca + M0 * N0, a, sizeof a);
+    printf("%d\n", P(matmul)(M0, N0, K0, ca + M0 * N0, K0, pb, bs, ca, N0, ws));     /* A right after C */
+    memmove(ca + M0 * N0 - 1, ca + M0 * N0, sizeof a);
+    printf("%d\n", P(matmul)(M0, N0, K0, ca + M0 * N0 - 1, K0, pb, bs, ca, N0, ws)); /* A from C's last float */
+    printf("%d\n", P(matmul_prepared)(M0, N0, K0, pb, bs, (float *)ws, N0, ws, scratch)); /* C in the workspace */
+    printf("%d\n", P(scratch_size)(K0) ? P(matmul_prepared)(M0, N0, K0, pb, bs, (float *)scratch, N0, ws, scratch) : 2);
     free(scratch);
     free(pb);
     free(ws);
