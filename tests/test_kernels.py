@@ -123,10 +123,11 @@ def test_ime_kernel_refuses_other_vlens_by_itself(op):
     spec = specs_from_text(f"kernel k {{ op = {op}  target = ime  compute = int8  tile = {tile}  panel = {tile.split('x')[1]} }}")[0]
     plan = plan_kernel(spec)
     case = make_cases(plan, np.random.default_rng(0), [(3, 20, 64)], exact=False)[0]
+    exe = build(plan)
     for vlen in (128, 512):
-        [r] = run_cases(build(plan), [case], vlen=vlen)
+        [r] = run_cases(exe, [case], vlen=vlen)
         assert (r.status, r.vmadots) == (1, 0), vlen  # IMEGEN_ERR_VLEN
-    [ok] = run_cases(build(plan), [case], vlen=256)
+    [ok] = run_cases(exe, [case], vlen=256)
     assert ok.status == 0 and ok.vmadots > 0 and compare(plan, case, ok).ok
 
 

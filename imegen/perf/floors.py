@@ -72,12 +72,16 @@ class Tiling:
         registers a k-step (int8 B), or A registers a k-step beside one code register and one unpacked
         register per 4 columns (4-bit codes: a code register serves 2 k-steps, each unpacked in place of
         the last)."""
-        per_step = self.a if self.int4 else self.a + self.b
-        fixed = self.registers - per_step
-        return max(ku for ku in (1, 2, 4) if fixed + ku * per_step <= REGISTERS)
+        fixed = self.registers - self.step_registers
+        return max(ku for ku in (1, 2, 4) if fixed + ku * self.step_registers <= REGISTERS)
+
+    @property
+    def step_registers(self) -> int:
+        """Registers each further k-step of an iteration adds: A and B (int8 B), or A alone (4-bit codes)."""
+        return self.a if self.int4 else self.a + self.b
 
     def spare_registers(self) -> int:
-        return REGISTERS - self.registers - (self.k_unroll() - 1) * (self.a if self.int4 else self.a + self.b)
+        return REGISTERS - self.registers - (self.k_unroll() - 1) * self.step_registers
 
     def issue_per_block(self, block: int) -> float:
         """Vector issue slots of one (tile, block) for its vmadots, whole-register operand loads
@@ -86,10 +90,11 @@ class Tiling:
         whole-register load and store; the fold's arithmetic, accumulator zeroing and loop overhead come on top."""
         ku, s = self.k_unroll(), block // 8
         facc = 0 if self.fp32_in_registers else 2 * load_instructions(2 * self.a * self.b)
-        if self.int4:
-            return (self.a * self.b * s + s / ku * load_instructions(self.a * ku) + s / 2 * load_instructions(self.b)
-                    + self.b * s + facc)
-        return self.a * self.b * s + s / ku * (load_instructions(self.a * ku) + load_instructions(self.b * ku)) + facc
+        if self.int4:  # codes every 2 k-steps, one vand or vsrl per unpacked register
+            operands = s / ku * load_instructions(self.a * ku) + s / 2 * load_instructions(self.b) + self.b * s
+        else:
+            operands = s / ku * (load_instructions(self.a * ku) + load_instructions(self.b * ku))
+        return self.a * self.b * s + operands + facc
 
     def per_vmadot(self, block: int, view: str = "model") -> float:
         """view: "model" (x60.py's charges), "measured" (LLVM's occupancies) or "robust" (the slower)."""
@@ -247,14 +252,17 @@ def report(results: Path, blocks=(32, 64, 128)) -> str:
         fits = bare is not None
         n = bare.issue if fits else None
         after = (f"{paid.issue} and {paid.vls:.1f} VLS cycles" if paid else "none fits") + " after the tuned kernel's overhead"
-        int4, k4 = largest_budget(c["block"], c["allowed"], int4=True)
-        beyond = (f"beyond its tiling's floor: {4 * k.a}x{4 * k.b}-class tiles fit, with a fold of at most {n} vector "
-                  f"instructions ({after}; fold budgets below)" if fits else
-                  f"beyond its tiling's floor and every int8-B one's: needs 4-bit codes unpacked in the tile, "
-                  f"{4 * k4.a}x{4 * k4.b} at best, with a fold of at most {int4.issue} vector instructions" if int4 else
-                  f"beyond every tiling's reach under the model: int8 B's operand floor is above it, and 4-bit codes "
-                  f"unpacked in the tile ({4 * t.a}x{4 * t.b}'s floor {floor:.2f}) leave fewer issue slots than any fold "
-                  f"takes ({MIN_FOLD}) once their whole-register loads and unpacking (one vand or vsrl per register) are counted")
+        if fits:
+            beyond = (f"beyond its tiling's floor: {4 * k.a}x{4 * k.b}-class tiles fit, with a fold of at most {n} vector "
+                      f"instructions ({after}; fold budgets below)")
+        elif (b4 := largest_budget(c["block"], c["allowed"], int4=True))[0]:
+            beyond = (f"beyond its tiling's floor and every int8-B one's: needs 4-bit codes unpacked in the tile, "
+                      f"{4 * b4[1].a}x{4 * b4[1].b} at best, with a fold of at most {b4[0].issue} vector instructions")
+        else:
+            beyond = (f"beyond every tiling's reach under the model: int8 B's operand floor is above it, and 4-bit codes "
+                      f"unpacked in the tile ({4 * t.a}x{4 * t.b}'s floor {floor:.2f}) leave fewer issue slots than any "
+                      f"fold takes ({MIN_FOLD}) once their whole-register loads and unpacking (one vand or vsrl per "
+                      f"register) are counted")
         verdict = "; ".join(
             (["DRAM-bound: needs a schedule moving fewer bytes"] if c["bound"] == "dram" else [])
             + [beyond if own_floor > c["allowed"] else "its tiling's floor fits: the fold and loop overhead decide"])
