@@ -1,5 +1,6 @@
 """The `imegen check` job: for every kernel, compiler and VLEN it accepts, run an edge-shape
-matrix plus exactly-representable data through the compiled kernel and compare to NumPy."""
+matrix plus exactly-representable data through the compiled kernel and compare to NumPy; at the
+other VLENs of 128..512, check that it refuses (IMEGEN_ERR_VLEN) without computing anything."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ from .ort import mlas_check
 from . import reference as ref
 from .ort.mlas_abi import COMPUTE_FP32, DispatchPlan, Group
 from .plan import KernelPlan
-from .verify import Case, build, compare, compilers_for, run_cases
+from .toolchain import ToolchainError
+from .verify import Build, Case, Result, build, compare, compilers_for, run_cases
+
+IMEGEN_ERR_VLEN = 1  # kernel.h.j2
+NAN = float("nan")  # no error to report: a refusal computes nothing
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,26 @@ def vlens_for(plan: KernelPlan) -> list[int | None]:
     if s.target == "rvv":
         return [v for v in (128, 256, 512) if v >= s.vlen] or [s.vlen]
     return [256]  # scalar under QEMU: VLEN is irrelevant
+
+
+def refused_vlens(plan: KernelPlan) -> list[int]:
+    """The VLENs of 128..512 a vector kernel does not accept: there it must return IMEGEN_ERR_VLEN."""
+    if plan.spec.target == "scalar":
+        return []
+    return [v for v in (128, 256, 512) if v not in vlens_for(plan)]
+
+
+def _not_refused(case: Case, result: Result) -> str | None:
+    """Why a run at a refused VLEN was not a clean refusal (None: it was)."""
+    if result.status != IMEGEN_ERR_VLEN:
+        return f"returned status {result.status}, not IMEGEN_ERR_VLEN ({IMEGEN_ERR_VLEN})"
+    if result.vmadots:
+        return f"executed {result.vmadots} vmadot before refusing"
+    if np.any(result.C != 0):  # the driver zero-fills C
+        return "wrote C before refusing"
+    if case.slices == 1 and result.workspace_touched:  # (prepare_a, void, fills it for matmul_prepared to refuse)
+        return f"wrote {result.workspace_touched} workspace bytes before refusing"
+    return None
 
 
 def edge_shapes(plan: KernelPlan) -> list[tuple[int, int, int]]:
@@ -80,6 +105,20 @@ def _row(plan: KernelPlan, compiler: str, vlen: str, random_cases: list[Case], e
                max(x.max_rel for x in cmp), sum(r.vmadots for r in results), not bad, message)
 
 
+def refusal_row(b: Build, vlen: int, cases: list[Case]) -> Row:
+    """Run the cases at a VLEN the kernel does not accept: each must be a clean refusal."""
+    plan = b.plan
+    try:
+        results = run_cases(b, cases, vlen=vlen)
+    except ToolchainError as e:  # e.g. SIGILL: an IME kernel reached a vmadot with no emulator installed
+        return Row(plan.name, plan.spec.target, b.compiler, f"{vlen} (refuses)", len(cases), NAN, NAN, 0, False,
+                   f"did not refuse: {str(e).splitlines()[0]}")
+    bad = [(c, why) for c, r in zip(cases, results) if (why := _not_refused(c, r))]
+    message = "ok" if not bad else f"{len(bad)} not refused; first M,N,K={bad[0][0].shape}: {bad[0][1]}"
+    return Row(plan.name, plan.spec.target, b.compiler, f"{vlen} (refuses)", len(cases), NAN, NAN,
+               sum(r.vmadots for r in results), not bad, message)
+
+
 def check_kernel(plan: KernelPlan, spec_file: str, *, seed: int = 0, log=None) -> list[Row]:
     rng = np.random.default_rng(seed)
     shapes = edge_shapes(plan)
@@ -93,6 +132,10 @@ def check_kernel(plan: KernelPlan, spec_file: str, *, seed: int = 0, log=None) -
                 log(f"  {plan.name}: {compiler}, vlen {vlen}: {len(shapes)} shapes x (random + exact) data")
             results = run_cases(b, random_cases + exact_cases, vlen=vlen)
             rows.append(_row(plan, compiler, str(vlen), random_cases, exact_cases, results))
+        for vlen in refused_vlens(plan):
+            if log:
+                log(f"  {plan.name}: {compiler}, vlen {vlen}: {len(shapes)} shapes, must refuse")
+            rows.append(refusal_row(b, vlen, random_cases))
     if plan.spec.target == "scalar":  # also natively, as the portable reference build
         results = run_cases(build(plan, spec_file, host=True), random_cases + exact_cases, vlen=None)
         rows.append(_row(plan, "host cc", "-", random_cases, exact_cases, results))
@@ -136,7 +179,8 @@ def check_dispatch(d: DispatchPlan, spec_file: str, *, seed: int = 0, log=None) 
 
 def format_table(rows: list[Row]) -> str:
     head = ("kernel", "target", "compiler", "vlen", "cases", "max abs err", "max rel err", "vmadot", "result")
-    body = [(r.kernel, r.target, r.compiler, r.vlen, str(r.cases), f"{r.max_abs:.2e}", f"{r.max_rel:.2e}",
+    err = lambda x: "-" if np.isnan(x) else f"{x:.2e}"  # noqa: E731
+    body = [(r.kernel, r.target, r.compiler, r.vlen, str(r.cases), err(r.max_abs), err(r.max_rel),
              str(r.vmadots), "PASS" if r.ok else f"FAIL: {r.message}") for r in rows]
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731

@@ -280,6 +280,16 @@ def test_defaults_apply_and_kernels_override():
     assert a.source is not None and str(a.source) == f"{FILE}:6:1"
 
 
+def test_defaults_apply_to_the_kernels_after_them():
+    """A later defaults block replaces the keys it sets for the kernels after it (README, The DSL)."""
+    text = (kernel(name="first") + DEFAULTS + kernel(name="second") + "defaults {\n  block = 32\n}\n"
+            + kernel(name="third"))
+    first, second, third = specs_from_text(text, FILE)
+    assert (first.bits, first.block) == (4, 32)  # no defaults before it: the built-in ones
+    assert (second.bits, second.block, second.compute) == (8, 64, "fp32")
+    assert (third.bits, third.block, third.compute) == (8, 32, "fp32")  # block replaced, the rest kept
+
+
 def test_kernel_override_lifts_a_default_refusal():
     (k,) = specs_from_text(DEFAULTS + kernel(*IME), FILE)
     assert (k.target, k.compute, k.vlen) == ("ime", "int8", 256)

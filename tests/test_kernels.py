@@ -8,12 +8,13 @@ representable so results must match to the bit).
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from imegen.check import check_kernel, make_cases
+from imegen.check import refusal_row, check_kernel, make_cases
 from imegen.errors import SpecError
 from imegen.ir import specs_from_text
 from imegen.plan import plan_kernel
@@ -129,6 +130,43 @@ def test_ime_kernel_refuses_other_vlens_by_itself(op):
         assert (r.status, r.vmadots) == (1, 0), vlen  # IMEGEN_ERR_VLEN
     [ok] = run_cases(exe, [case], vlen=256)
     assert ok.status == 0 and ok.vmadots > 0 and compare(plan, case, ok).ok
+
+
+def test_check_shows_the_refusals_at_other_vlens():
+    """`imegen check` runs a vector kernel at the VLENs of 128..512 it does not accept too: rows that pass
+    only when every call returned IMEGEN_ERR_VLEN with no vmadot, C and the workspace untouched."""
+    for text, refused in [("kernel k { op = gemm  target = ime  compute = int8  tile = 8x8  panel = 8 }", {"128", "512"}),
+                          ("kernel w { op = gemv  target = rvv  vlen = 256  tile = 1x32  panel = 32 }", {"128"})]:
+        rows = check_kernel(plan_kernel(specs_from_text(text)[0]), "t.imegen")
+        assert all(r.ok for r in rows), [r.message for r in rows if not r.ok]
+        assert {r.vlen.split()[0] for r in rows if r.vlen.endswith("(refuses)")} == refused
+        assert {r.vlen for r in rows} - {f"{v} (refuses)" for v in refused} == {"256", "512"} - refused
+
+
+def test_a_kernel_that_does_not_refuse_fails_check(monkeypatch):
+    """The refusal rows can fail: an RVV kernel generated for VLEN 128 computes there (status 0), and an IME
+    kernel whose supported() accepts any VLEN dies by SIGILL at its first vmadot (no emulator off VLEN 256)."""
+    from imegen import verify
+
+    rvv = plan_kernel(specs_from_text("kernel w { op = gemv  target = rvv  vlen = 256  tile = 1x8  panel = 8 }")[0])
+    lenient = dataclasses.replace(build(plan_kernel(dataclasses.replace(rvv.spec, vlen=128))), plan=rvv)
+    cases = make_cases(rvv, np.random.default_rng(0), [(1, 5, 40), (3, 9, 64)], exact=False)
+    row = refusal_row(lenient, 128, cases)
+    assert not row.ok and "returned status 0" in row.message
+
+    render = verify.render_kernel
+
+    def accepting(plan, spec_file):
+        sources = render(plan, spec_file)
+        name = f"{plan.name}.c"
+        body = re.sub(r"(int k_supported\(void\)\n\{\n).*?\n\}", r"\1    return 1;\n}", sources[name], flags=re.S)
+        assert body != sources[name]
+        return {**sources, name: body}
+
+    monkeypatch.setattr(verify, "render_kernel", accepting)
+    ime = plan_kernel(specs_from_text("kernel k { op = gemm  target = ime  compute = int8  tile = 8x8  panel = 8 }")[0])
+    row = refusal_row(verify.build(ime), 128, make_cases(ime, np.random.default_rng(0), [(3, 20, 64)], exact=False))
+    assert not row.ok and "SIGILL" in row.message
 
 
 @pytest.mark.parametrize("target", ["scalar", "rvv", "ime"])
