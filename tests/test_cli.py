@@ -411,3 +411,20 @@ def test_explain_shows_the_block_start_and_the_registers_in_use(capsys, tmp_path
     assert "= 28 of 32 (the validator's lower bound; the allocation uses v0-v31)" in out
     start = out.split("  block start (", 1)[1].split("  inner loop:", 1)[0]
     assert "vlse64.v v16, (%[zp]), zero" in start and "vmv" not in start  # zero points read twice, no copy
+
+
+@NEEDS_TOOLS
+@pytest.mark.parametrize("command", ["bench", "tune"])
+def test_unwritable_results_folder_is_refused_before_the_run(capsys, monkeypatch, tmp_path, command):
+    """A full bench takes half an hour: an output folder it cannot write is an error up front, not at the end."""
+    from imegen.perf import bench, tune
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("ran before checking its output folder")
+
+    monkeypatch.setattr(bench, "run", must_not_run)
+    monkeypatch.setattr(tune, "search", must_not_run)
+    (tmp_path / "file").write_text("")
+    code, out, err = run(capsys, command, "--quick", "-o", str(tmp_path / "file" / "results"))
+    assert code == 2 and out == ""
+    assert err == f"error: cannot write the results to {tmp_path / 'file' / 'results'}: Not a directory\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,6 +69,17 @@ def _mlas_counts(spec_file: str) -> str:
     return mlas_counts.report(mlas_counts.run(d, spec_file, log=_log))
 
 
+def _unwritable(out: Path) -> str | None:
+    """Why the outputs could not be written to `out` (made here if missing), or None."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def run_perf_command(args) -> int:
     from . import bench, floors, tune
 
@@ -85,6 +97,11 @@ def run_perf_command(args) -> int:
         return 2
     t0 = time.perf_counter()
     out = output_dir(args)
+    if not (args.command == "bench" and args.mlas):  # the full run takes half an hour: fail now, not after it
+        problem = _unwritable(out)
+        if problem:
+            print(f"error: cannot write the results to {out}: {problem}", file=sys.stderr)
+            return 2
     try:
         if args.command == "bench" and args.mlas:
             print(_mlas_counts(args.mlas))
