@@ -18,7 +18,7 @@ from imegen.check import refusal_row, check_kernel, make_cases
 from imegen.errors import SpecError
 from imegen.ir import specs_from_text
 from imegen.plan import plan_kernel
-from imegen.verify import build, compare, run_cases
+from imegen.verify import build, compare, compilers_for, run_cases
 
 
 @st.composite
@@ -167,6 +167,43 @@ def test_a_kernel_that_does_not_refuse_fails_check(monkeypatch):
     ime = plan_kernel(specs_from_text("kernel k { op = gemm  target = ime  compute = int8  tile = 8x8  panel = 8 }")[0])
     row = refusal_row(verify.build(ime), 128, make_cases(ime, np.random.default_rng(0), [(3, 20, 64)], exact=False))
     assert not row.ok and "SIGILL" in row.message
+
+
+NON_FINITE_KERNELS = [
+    "op = gemm  target = ime  compute = int8  tile = 8x8  panel = 8",  # block 32: one register group per block
+    "op = gemm  target = ime  compute = int8  tile = 8x8  panel = 8  block = 128",  # two groups
+    "op = gemv  target = ime  compute = int8  tile = 1x16  panel = 16  block = 256",  # a loop of groups
+    "op = gemm  target = ime  compute = int8  tile = 8x12  panel = 12  block = 64  stage_b = m_block  scale_type = fp16  a_scale_type = fp16",
+    "op = gemm  target = rvv  compute = int8  tile = 4x8  panel = 8",
+    "op = gemm  target = rvv  compute = fp32  tile = 4x16  panel = 16",
+    "op = gemm  target = scalar  compute = int8  tile = 4x8  panel = 8  block = 128",
+]
+
+
+@pytest.mark.parametrize("settings", NON_FINITE_KERNELS)
+def test_a_nan_or_inf_in_a_reaches_its_row_of_c(settings):
+    """Dequantize-then-matmul makes a row of C NaN when its row of A holds a NaN (non-finite for an inf). int8
+    kernels took max |a| with vfredmax / fmaxf, which skip NaN: the row came out finite and wrong (as ORT's
+    x86 level-4 path still does). a_scale_type = fp16 refuses it (IMEGEN_ERR_RANGE). Other rows are untouched."""
+    plan = plan_kernel(specs_from_text(f"kernel k {{ {settings} }}")[0])
+    M = 1 if plan.spec.op == "gemv" else 5
+    clean = make_cases(plan, np.random.default_rng(2), [(M, 20, 2 * plan.spec.block + 7)], exact=False)[0]
+    bad = []
+    for value in (np.nan, np.inf, -np.inf):
+        A = clean.A.copy()
+        A[M - 1, plan.spec.block + 3] = value  # the last row, in its second block
+        bad.append(dataclasses.replace(clean, A=A))
+    for compiler in compilers_for(plan):
+        ok, *runs = run_cases(build(plan, compiler=compiler), [clean, *bad])
+        assert compare(plan, clean, ok).ok, compiler
+        for value, r in zip(("nan", "inf", "-inf"), runs):
+            if plan.spec.a_scale_type == "fp16":
+                assert r.status == 3, (compiler, value)  # IMEGEN_ERR_RANGE
+                continue
+            assert r.status == 0
+            row = r.C[M - 1]
+            assert (np.isnan(row).all() if value == "nan" else not np.isfinite(row).any()), (compiler, value, row)
+            assert np.array_equal(r.C[:M - 1], ok.C[:M - 1]), (compiler, value)
 
 
 @pytest.mark.parametrize("target", ["scalar", "rvv", "ime"])
