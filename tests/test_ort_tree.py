@@ -91,6 +91,21 @@ def test_orts_mlas_unit_tests_pass_with_imegens_dispatch(target):
     assert sum(base.calls.values()) == 0 and base.vmadot == 0
 
 
+@pytest.mark.parametrize("vlen", [128, 512])
+def test_orts_mlas_keeps_its_own_paths_on_a_hart_without_the_k1s_vlen(vlen):
+    """The IME dispatch built into ORT's MLAS, on a riscv64 hart whose VLEN is not the K1's: its supported()
+    says no, so MLAS installs no imegen dispatch (1.21 then has none for RISC-V: no SQNBitGemm test is
+    registered), no imegen entry is called and no vmadot runs (no IME emulator is installed there, so one
+    would be SIGILL), and ORT's other tests in the filter pass."""
+    exe = ort_tree.build_mlas_test(PIN, ROOT / "examples" / "ort" / "ort121_ime.imegen")
+    r = ort_tree.run_mlas_test(exe, ort_tree.CI_FILTER, vlen=vlen)
+    print(f"VLEN {vlen}: {r.summary()}")
+    assert r.failed == 0 and r.passed > 0, r.summary()
+    assert "[ RUN      ] SQNBitGemm" not in r.output and "[ RUN      ] BlockQ4" in r.output
+    assert r.calls and sum(r.calls.values()) == 0, r.calls
+    assert r.vmadot == 0 and "(not installed: VLEN != 256)" in r.output
+
+
 def test_mlas_admits_only_what_imegen_serves(tmp_path):
     """With kernels for block 32 only, MlasIsQNBitGemmAvailable (patched) admits just that block, so
     ORT's test registers only BlkLen32 and nothing can reach an imegen entry without a kernel."""
