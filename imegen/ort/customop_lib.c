@@ -300,7 +300,7 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
     if (st) return st;
     if (j.status)
         return fail(ORT_FAIL, "imegen: node '%s': kernel %s failed (status %d%s)", n->name, j.k->name, j.status,
-                    j.status == 1 ? ": VLEN not accepted on this hart" : j.status == 3 ? ": an A block's max |a| exceeds 127 x 65504 (fp16 A scales)"
+                    j.status == 1 ? ": VLEN not accepted on this hart" : j.status == 3 ? ": an A block's max |a| exceeds 127 x 65504, or A holds a NaN (fp16 A scales)"
                     : j.status < 0 ? ": out of memory" : "");
     return NULL;
 }
