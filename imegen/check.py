@@ -60,7 +60,8 @@ def _not_refused(case: Case, result: Result) -> str | None:
         return f"executed {result.vmadots} vmadot before refusing"
     if np.any(result.C != 0):  # the driver zero-fills C
         return "wrote C before refusing"
-    if case.slices == 1 and result.workspace_touched:  # (prepare_a, void, fills it for matmul_prepared to refuse)
+    # with slices, prepare_a (which returns nothing) has filled the workspace; matmul_prepared then refuses
+    if case.slices == 1 and result.workspace_touched:
         return f"wrote {result.workspace_touched} workspace bytes before refusing"
     return None
 
