@@ -17,6 +17,7 @@ from .toolchain import ToolchainError
 from .verify import Build, Case, Result, build, compare, compilers_for, run_cases
 
 IMEGEN_ERR_VLEN = 1  # kernel.h.j2
+VLENS = (128, 256, 512)  # the harts check runs kernels on (QEMU -cpu rv64,vlen=...)
 NAN = float("nan")  # no error to report: a refusal computes nothing
 
 
@@ -41,7 +42,7 @@ def vlens_for(plan: KernelPlan) -> list[int | None]:
     if s.target == "ime":
         return [256]
     if s.target == "rvv":
-        return [v for v in (128, 256, 512) if v >= s.vlen] or [s.vlen]
+        return [v for v in VLENS if v >= s.vlen] or [s.vlen]
     return [256]  # scalar under QEMU: VLEN is irrelevant
 
 
@@ -49,7 +50,7 @@ def refused_vlens(plan: KernelPlan) -> list[int]:
     """The VLENs of 128..512 a vector kernel does not accept: there it must return IMEGEN_ERR_VLEN."""
     if plan.spec.target == "scalar":
         return []
-    return [v for v in (128, 256, 512) if v not in vlens_for(plan)]
+    return [v for v in VLENS if v not in vlens_for(plan)]
 
 
 def _not_refused(case: Case, result: Result) -> str | None:
@@ -156,7 +157,7 @@ def check_dispatch(d: DispatchPlan, spec_file: str, *, seed: int = 0, log=None) 
     """abi=mlas kernels are checked through their dispatch, driven the way MLAS drives it."""
     rng = np.random.default_rng(seed)
     targets = {p.spec.target for p in d.kernels}
-    vlens = [256] if "ime" in targets else [v for v in (128, 256, 512) if v >= max(p.spec.vlen or 128 for p in d.kernels)]
+    vlens = [256] if "ime" in targets else [v for v in VLENS if v >= max(p.spec.vlen or 128 for p in d.kernels)]
     rows = []
     for compiler in ["clang"] + ([] if "rvv" in targets else ["gcc"]):
         exe = mlas_check.build(d, spec_file, compiler=compiler)
