@@ -1,6 +1,7 @@
 """The `imegen check` job: for every kernel, compiler and VLEN it accepts, run an edge-shape
 matrix plus exactly-representable data through the compiled kernel and compare to NumPy; at the
-other VLENs of 128..512, check that it refuses (IMEGEN_ERR_VLEN) without computing anything."""
+other VLENs of 128..512, check that it refuses (IMEGEN_ERR_VLEN) without computing anything, and that
+an MLAS dispatch's supported() says no."""
 
 from __future__ import annotations
 
@@ -153,11 +154,31 @@ def _group_shapes(g: Group) -> list[tuple[int, int, int]]:
     return [(m, n, k) for m in ms for n, k in [(1, g.block), (40, 2 * g.block + 3), (133, g.block // 2 + 1)]]
 
 
+def dispatch_vlens(d: DispatchPlan) -> list[int]:
+    """VLENs a dispatch runs at: 256 with an IME kernel, else each from its RVV kernels' minimum."""
+    if "ime" in {p.spec.target for p in d.kernels}:
+        return [256]
+    return [v for v in VLENS if v >= max(p.spec.vlen or 128 for p in d.kernels)]
+
+
+def dispatch_refusal_row(d: DispatchPlan, exe, compiler: str, vlen: int) -> Row:
+    """At a VLEN one of its kernels does not accept, the dispatch's supported() must say no: MLAS asks it
+    once at init and then installs none of the entries (no entry can refuse: they return void)."""
+    name, target = f"{d.prefix}supported()", "mlas:" + "/".join(sorted({p.spec.target for p in d.kernels}))
+    try:
+        said = mlas_check.supported(exe, vlen=vlen)
+    except ToolchainError as e:
+        return Row(name, target, compiler, f"{vlen} (refuses)", 1, NAN, NAN, 0, False, f"did not answer: {str(e).splitlines()[0]}")
+    return Row(name, target, compiler, f"{vlen} (refuses)", 1, NAN, NAN, 0, not said,
+               "ok" if not said else "returned 1: MLAS would install the dispatch on this hart")
+
+
 def check_dispatch(d: DispatchPlan, spec_file: str, *, seed: int = 0, log=None) -> list[Row]:
-    """abi=mlas kernels are checked through their dispatch, driven the way MLAS drives it."""
+    """abi=mlas kernels are checked through their dispatch, driven the way MLAS drives it; at the other
+    VLENs of 128..512, its supported() must refuse."""
     rng = np.random.default_rng(seed)
     targets = {p.spec.target for p in d.kernels}
-    vlens = [256] if "ime" in targets else [v for v in VLENS if v >= max(p.spec.vlen or 128 for p in d.kernels)]
+    vlens = dispatch_vlens(d)
     rows = []
     for compiler in ["clang"] + ([] if "rvv" in targets else ["gcc"]):
         exe = mlas_check.build(d, spec_file, compiler=compiler)
@@ -176,6 +197,10 @@ def check_dispatch(d: DispatchPlan, spec_file: str, *, seed: int = 0, log=None) 
                 rows.append(Row("+".join(names), "mlas:" + "/".join(sorted({p.spec.target for p in (g.m1, g.dequant, g.gemv, g.gemm) if p})),
                                 compiler, str(vlen), len(cmp), max(x.max_abs for x in cmp), max(x.max_rel for x in cmp),
                                 sum(r.vmadots for r in results), not bad, message))
+        for vlen in [v for v in VLENS if v not in vlens] if targets - {"scalar"} else []:
+            if log:
+                log(f"  dispatch {d.prefix}: {compiler}, vlen {vlen}: supported() must refuse")
+            rows.append(dispatch_refusal_row(d, exe, compiler, vlen))
     return rows
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import numpy as np
@@ -308,3 +309,33 @@ def test_mlas_dispatch_property(group, data):
                                      exact=exact, bits=bits), exact)
              for (M, N, K), exact in zip(shapes, (False, True, False))]
     _run_and_check(d, "prop.imegen", cases)
+
+
+def test_check_shows_the_dispatch_refusing_other_vlens(monkeypatch):
+    """`imegen check` asks an MLAS dispatch's supported() at the VLENs of 128..512 its kernels do not
+    accept (MLAS asks it once at init; the entries return void and cannot refuse): a row each, which
+    passes only when it says no. A dispatch whose supported() accepts any VLEN fails them."""
+    from imegen import check
+
+    ime = _dispatch("kernel g { abi = mlas  compute = int8  op = gemm  target = ime  tile = 4x16  k_unroll = 2 }", "ime.imegen")
+    rvv = _dispatch("kernel v8 { abi = mlas  compute = int8  op = gemm  target = rvv  vlen = 256  tile = 2x8  panel = 8 }", "wide.imegen")
+    scalar = _dispatch("kernel s { abi = mlas  compute = int8  op = gemm  target = scalar  tile = 4x16 }", "sc.imegen")
+    for d, refused in ((ime, {"128", "512"}), (rvv, {"128"}), (scalar, set())):
+        rows = check.check_dispatch(d, "t.imegen")
+        assert all(r.ok for r in rows), [r.message for r in rows if not r.ok]
+        mine = [r for r in rows if r.vlen.endswith("(refuses)")]
+        assert {r.vlen.split()[0] for r in mine} == refused and all(r.kernel == f"{d.prefix}supported()" for r in mine)
+
+    sources = mlas_check.sources
+
+    def accepting(d, spec_file):
+        files = sources(d, spec_file)
+        name = f"{d.prefix}dispatch.c"
+        body = re.sub(r"(int \w*supported\(void\)\n\{\n).*?\n\}", r"\1    return 1;\n}", files[name], flags=re.S)
+        assert body != files[name]
+        return {**files, name: body}
+
+    monkeypatch.setattr(mlas_check, "sources", accepting)
+    rows = [r for r in check.check_dispatch(ime, "t.imegen") if r.vlen.endswith("(refuses)")]
+    assert {r.vlen.split()[0] for r in rows} == {"128", "512"} and {r.compiler for r in rows} == {"clang", "gcc"}
+    assert not any(r.ok for r in rows) and "MLAS would install" in rows[0].message

@@ -104,6 +104,14 @@ def run(exe: Path, cases: list[MlasCase], *, vlen: int = 256, runner=None) -> li
         return decode(outp.read_bytes(), cases)
 
 
+def supported(exe: Path, *, vlen: int) -> bool:
+    """The dispatch's supported() on a hart of this VLEN, asked as MLAS asks it: once, with no emulator."""
+    out = toolchain.run(exe, ["--supported"], vlen=vlen).stdout.decode().strip()
+    if out not in ("0", "1"):
+        raise toolchain.ToolchainError(f"mlas_driver --supported printed {out!r}, not 0 or 1", [str(exe)], 0, out, "")
+    return out == "1"
+
+
 def check(d: DispatchPlan, mc: MlasCase, result: Result, *, exact: bool = False) -> Comparison:
     """Compare one case with the reference of its compute type (the group's kernels define it)."""
     qw = mc.case.qw

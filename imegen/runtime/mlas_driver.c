@@ -211,8 +211,13 @@ static int sq8(size_t BlkLen, size_t M, size_t N, size_t K, const float *A, cons
 
 int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "--supported") == 0) {
+        /* What MLAS asks once at init, on this hart and with no emulator: check's refusal rows. */
+        printf("%d\n", D(supported)() ? 1 : 0);
+        return 0;
+    }
     if (argc != 3)
-        die("usage: mlas_driver INPUT OUTPUT");
+        die("usage: mlas_driver INPUT OUTPUT | mlas_driver --supported");
 #ifdef IMEGEN_IME
     imegen_ime_emu_install();
 #endif
