@@ -108,6 +108,17 @@ def _row(plan: KernelPlan, compiler: str, vlen: str, random_cases: list[Case], e
                max(x.max_rel for x in cmp), sum(r.vmadots for r in results), not bad, message)
 
 
+def died(e: ToolchainError) -> str:
+    """Why a run ended early, in one line: how it ended (e.g. killed by SIGILL), then the program's own
+    last word (e.g. the driver's "the call wrote C outside its M x N elements")."""
+    how, said = str(e).splitlines()[0], e.stderr.strip().splitlines()
+    return f"{how}: {said[-1].strip()}" if said else how
+
+
+def died_row(plan: KernelPlan, compiler: str, vlen: str, cases: int, e: ToolchainError) -> Row:
+    return Row(plan.name, plan.spec.target, compiler, vlen, cases, NAN, NAN, 0, False, f"run failed: {died(e)}")
+
+
 def refusal_row(b: Build, vlen: int, cases: list[Case]) -> Row:
     """Run the cases at a VLEN the kernel does not accept: each must be a clean refusal."""
     plan = b.plan
@@ -115,7 +126,7 @@ def refusal_row(b: Build, vlen: int, cases: list[Case]) -> Row:
         results = run_cases(b, cases, vlen=vlen)
     except ToolchainError as e:  # e.g. SIGILL: an IME kernel reached a vmadot with no emulator installed
         return Row(plan.name, plan.spec.target, b.compiler, f"{vlen} (refuses)", len(cases), NAN, NAN, 0, False,
-                   f"did not refuse: {str(e).splitlines()[0]}")
+                   f"did not refuse: {died(e)}")
     bad = [(c, why) for c, r in zip(cases, results) if (why := _not_refused(c, r))]
     message = "ok" if not bad else f"{len(bad)} not refused; first M,N,K={bad[0][0].shape}: {bad[0][1]}"
     return Row(plan.name, plan.spec.target, b.compiler, f"{vlen} (refuses)", len(cases), NAN, NAN,
@@ -133,15 +144,22 @@ def check_kernel(plan: KernelPlan, spec_file: str, *, seed: int = 0, log=None) -
         for vlen in vlens_for(plan):
             if log:
                 log(f"  {plan.name}: {compiler}, vlen {vlen}: {len(shapes)} shapes x (random + exact) data")
-            results = run_cases(b, random_cases + exact_cases, vlen=vlen)
+            try:
+                results = run_cases(b, random_cases + exact_cases, vlen=vlen)
+            except ToolchainError as e:  # the driver died: a crash, or a write outside what the call owns
+                rows.append(died_row(plan, compiler, str(vlen), len(random_cases + exact_cases), e))
+                continue
             rows.append(_row(plan, compiler, str(vlen), random_cases, exact_cases, results))
         for vlen in refused_vlens(plan):
             if log:
                 log(f"  {plan.name}: {compiler}, vlen {vlen}: {len(shapes)} shapes, must refuse")
             rows.append(refusal_row(b, vlen, random_cases))
     if plan.spec.target == "scalar":  # also natively, as the portable reference build
-        results = run_cases(build(plan, spec_file, host=True), random_cases + exact_cases, vlen=None)
-        rows.append(_row(plan, "host cc", "-", random_cases, exact_cases, results))
+        try:
+            results = run_cases(build(plan, spec_file, host=True), random_cases + exact_cases, vlen=None)
+            rows.append(_row(plan, "host cc", "-", random_cases, exact_cases, results))
+        except ToolchainError as e:
+            rows.append(died_row(plan, "host cc", "-", len(random_cases + exact_cases), e))
     return rows
 
 

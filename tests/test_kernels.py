@@ -18,6 +18,7 @@ from imegen.check import refusal_row, check_kernel, make_cases
 from imegen.errors import SpecError
 from imegen.ir import specs_from_text
 from imegen.plan import plan_kernel
+from imegen.toolchain import ToolchainError
 from imegen.verify import build, compare, compilers_for, run_cases
 
 
@@ -635,3 +636,47 @@ def test_k_chunks(settings):
                 assert compare(p, case, result, exact=True).ok, (compiler, case.M, case.N, case.K)
                 if spec.compute == "int8":
                     assert_writes_the_modeled_workspace(p, case, result)
+
+
+@pytest.mark.parametrize("where, injected, says", [
+    ("matmul", "if (ldc > N) C[N] = 1.0f;", "wrote C outside its M x N"),
+    ("matmul", "C[(M - 1) * ldc + N] = 1.0f;", "wrote C outside its M x N"),
+    ("matmul", "((unsigned char *)workspace)[k_workspace_size(M, K)] = 0;", "wrote past workspace_size()"),
+    ("pack_b", "((unsigned char *)packed_b)[k_packed_b_size(N, K) + 63] = 0;", "pack_b wrote past packed_b_size()"),
+])
+def test_the_driver_catches_writes_outside_what_a_call_owns(monkeypatch, where, injected, says):
+    """The check driver poisons 64 bytes past every buffer a call writes and C's ldc padding: a kernel
+    that writes there fails its run (here one made to, through its generated source)."""
+    from imegen import verify
+
+    render = verify.render_kernel
+
+    def writing_outside(plan, spec_file):
+        sources = render(plan, spec_file)
+        body = re.sub(rf"(\n\w+ k_{where}\([^)]*\)\n\{{\n)", lambda m: m.group(1) + f"    {injected}\n", sources["k.c"], count=1)
+        assert body != sources["k.c"]
+        return {**sources, "k.c": body}
+
+    monkeypatch.setattr(verify, "render_kernel", writing_outside)
+    plan = plan_kernel(specs_from_text("kernel k { op = gemm  target = scalar  tile = 2x8  panel = 8 }")[0])
+    case = dataclasses.replace(make_cases(plan, np.random.default_rng(0), [(3, 5, 40)], exact=False)[0], ldc_pad=2, slices=1)
+    with pytest.raises(ToolchainError, match=re.escape(says)):
+        run_cases(verify.build(plan), [case], vlen=256)
+
+
+def test_check_reports_a_run_that_dies_as_a_failed_row(monkeypatch):
+    """A build whose driver dies (here: its kernel writes into C's ldc padding) is a FAIL row with the
+    driver's reason, and check goes on to the next compiler."""
+    from imegen import verify
+
+    render = verify.render_kernel
+
+    def writing_outside(plan, spec_file):
+        sources = render(plan, spec_file)
+        body = re.sub(r"(\n\w+ k_matmul\([^)]*\)\n\{\n)", lambda m: m.group(1) + "    if (ldc > N) C[N] = 1.0f;\n", sources["k.c"], count=1)
+        return {**sources, "k.c": body}
+
+    monkeypatch.setattr(verify, "render_kernel", writing_outside)
+    rows = check_kernel(plan_kernel(specs_from_text("kernel k { op = gemm  target = scalar  tile = 2x8  panel = 8 }")[0]), "t.imegen")
+    assert {r.compiler for r in rows} == {"clang", "gcc", "host cc"} and not any(r.ok for r in rows)
+    assert all("wrote C outside its M x N elements" in r.message and "exit status 2" in r.message for r in rows), rows
