@@ -208,13 +208,17 @@ def check_dispatch(d: DispatchPlan, spec_file: str, *, seed: int = 0, log=None) 
             for vlen in vlens:
                 if log:
                     log(f"  dispatch {d.prefix}: {'+'.join(names)}: {compiler}, vlen {vlen}: {len(cases)} cases")
-                results = mlas_check.run(exe, [c for c, _ in cases], vlen=vlen)
+                target = "mlas:" + "/".join(sorted({p.spec.target for p in (g.m1, g.dequant, g.gemv, g.gemm) if p}))
+                try:
+                    results = mlas_check.run(exe, [c for c, _ in cases], vlen=vlen)
+                except ToolchainError as e:  # the driver died: the group's row fails, the others still run
+                    rows.append(Row("+".join(names), target, compiler, str(vlen), len(cases), NAN, NAN, 0, False, f"run failed: {died(e)}"))
+                    continue
                 cmp = [mlas_check.check(d, c, r, exact=exact) for (c, exact), r in zip(cases, results)]
                 bad = [(c, x) for (c, _), x in zip(cases, cmp) if not x.ok]
                 message = "ok" if not bad else f"{len(bad)} failed; first M,N,K={bad[0][0].case.shape}: {bad[0][1].message}"
-                rows.append(Row("+".join(names), "mlas:" + "/".join(sorted({p.spec.target for p in (g.m1, g.dequant, g.gemv, g.gemm) if p})),
-                                compiler, str(vlen), len(cmp), max(x.max_abs for x in cmp), max(x.max_rel for x in cmp),
-                                sum(r.vmadots for r in results), not bad, message))
+                rows.append(Row("+".join(names), target, compiler, str(vlen), len(cmp), max(x.max_abs for x in cmp),
+                                max(x.max_rel for x in cmp), sum(r.vmadots for r in results), not bad, message))
         for vlen in [v for v in VLENS if v not in vlens] if targets - {"scalar"} else []:
             if log:
                 log(f"  dispatch {d.prefix}: {compiler}, vlen {vlen}: supported() must refuse")

@@ -339,3 +339,26 @@ def test_check_shows_the_dispatch_refusing_other_vlens(monkeypatch):
     rows = [r for r in check.check_dispatch(ime, "t.imegen") if r.vlen.endswith("(refuses)")]
     assert {r.vlen.split()[0] for r in rows} == {"128", "512"} and {r.compiler for r in rows} == {"clang", "gcc"}
     assert not any(r.ok for r in rows) and "MLAS would install" in rows[0].message
+
+
+def test_check_reports_a_dispatch_run_that_dies_as_a_failed_row(monkeypatch):
+    """A dispatch group whose driver run dies (here its CompInt8 GEMM entry aborts) is a FAIL row with the
+    reason; the dispatch's other rows still run and pass."""
+    from imegen import check
+
+    sources = mlas_check.sources
+
+    def aborting(d, spec_file):
+        files = sources(d, spec_file)
+        name = f"{d.prefix}dispatch.c"
+        body = re.sub(r"(size_t \w+SQ4BitGemmKernel_CompInt8\([^)]*\)\n\{\n)", r'\1    fputs("injected\\n", stderr), abort();\n', files[name])
+        assert body != files[name]
+        return {**files, name: body}
+
+    monkeypatch.setattr(mlas_check, "sources", aborting)
+    text = ("kernel g { abi = mlas  compute = int8  op = gemm  target = scalar  tile = 4x16 }\n"
+            "kernel q8 { abi = mlas  bits = 8  compute = int8  op = gemm  target = scalar  tile = 4x16 }")
+    rows = [r for r in check.check_dispatch(_dispatch(text, "two.imegen"), "t.imegen") if r.compiler == "clang"]
+    dead = [r for r in rows if not r.ok]
+    assert {r.kernel for r in dead} == {"g"} and all("injected" in r.message and "SIGABRT" in r.message for r in dead)
+    assert {r.kernel for r in rows if r.ok} == {"q8"}
