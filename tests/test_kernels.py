@@ -147,6 +147,24 @@ def test_check_shows_the_refusals_at_other_vlens():
         assert {r.vlen for r in rows} - {f"{v} (refuses)" for v in refused} == {"256", "512"} - refused
 
 
+def _patch_kernel(monkeypatch, function: str, inject: str = "", *, body: str | None = None):
+    """Have verify build kernel `k` with `inject` put at the top of k_<function> (or its body replaced by
+    `body`): a kernel made to misbehave, for tests that the checks catch it."""
+    from imegen import verify
+
+    render = verify.render_kernel
+    head = rf"(\n\w+ k_{function}\([^)]*\)\n\{{\n)"
+
+    def patched(plan, spec_file):
+        sources = render(plan, spec_file)
+        new = (re.sub(head + r".*?\n\}", lambda m: m.group(1) + body + "\n}", sources["k.c"], count=1, flags=re.S) if body is not None
+               else re.sub(head, lambda m: m.group(1) + inject, sources["k.c"], count=1))
+        assert new != sources["k.c"]
+        return {**sources, "k.c": new}
+
+    monkeypatch.setattr(verify, "render_kernel", patched)
+
+
 def test_a_kernel_that_does_not_refuse_fails_check(monkeypatch):
     """The refusal rows can fail: an RVV kernel generated for VLEN 128 computes there (status 0), and an IME
     kernel whose supported() accepts any VLEN dies by SIGILL at its first vmadot (no emulator off VLEN 256)."""
@@ -158,16 +176,7 @@ def test_a_kernel_that_does_not_refuse_fails_check(monkeypatch):
     row = refusal_row(lenient, 128, cases)
     assert not row.ok and "returned status 0" in row.message
 
-    render = verify.render_kernel
-
-    def accepting(plan, spec_file):
-        sources = render(plan, spec_file)
-        name = f"{plan.name}.c"
-        body = re.sub(r"(int k_supported\(void\)\n\{\n).*?\n\}", r"\1    return 1;\n}", sources[name], flags=re.S)
-        assert body != sources[name]
-        return {**sources, name: body}
-
-    monkeypatch.setattr(verify, "render_kernel", accepting)
+    _patch_kernel(monkeypatch, "supported", body="    return 1;")
     ime = plan_kernel(specs_from_text("kernel k { op = gemm  target = ime  compute = int8  tile = 8x8  panel = 8 }")[0])
     row = refusal_row(verify.build(ime), 128, make_cases(ime, np.random.default_rng(0), [(3, 20, 64)], exact=False))
     assert not row.ok and "SIGILL" in row.message
@@ -649,15 +658,7 @@ def test_the_driver_catches_writes_outside_what_a_call_owns(monkeypatch, where, 
     that writes there fails its run (here one made to, through its generated source)."""
     from imegen import verify
 
-    render = verify.render_kernel
-
-    def writing_outside(plan, spec_file):
-        sources = render(plan, spec_file)
-        body = re.sub(rf"(\n\w+ k_{where}\([^)]*\)\n\{{\n)", lambda m: m.group(1) + f"    {injected}\n", sources["k.c"], count=1)
-        assert body != sources["k.c"]
-        return {**sources, "k.c": body}
-
-    monkeypatch.setattr(verify, "render_kernel", writing_outside)
+    _patch_kernel(monkeypatch, where, f"    {injected}\n")
     plan = plan_kernel(specs_from_text("kernel k { op = gemm  target = scalar  tile = 2x8  panel = 8 }")[0])
     case = dataclasses.replace(make_cases(plan, np.random.default_rng(0), [(3, 5, 40)], exact=False)[0], ldc_pad=2, slices=1)
     with pytest.raises(ToolchainError, match=re.escape(says)):
@@ -667,16 +668,20 @@ def test_the_driver_catches_writes_outside_what_a_call_owns(monkeypatch, where, 
 def test_check_reports_a_run_that_dies_as_a_failed_row(monkeypatch):
     """A build whose driver dies (here: its kernel writes into C's ldc padding) is a FAIL row with the
     driver's reason, and check goes on to the next compiler."""
-    from imegen import verify
-
-    render = verify.render_kernel
-
-    def writing_outside(plan, spec_file):
-        sources = render(plan, spec_file)
-        body = re.sub(r"(\n\w+ k_matmul\([^)]*\)\n\{\n)", lambda m: m.group(1) + "    if (ldc > N) C[N] = 1.0f;\n", sources["k.c"], count=1)
-        return {**sources, "k.c": body}
-
-    monkeypatch.setattr(verify, "render_kernel", writing_outside)
+    _patch_kernel(monkeypatch, "matmul", "    if (ldc > N) C[N] = 1.0f;\n")
     rows = check_kernel(plan_kernel(specs_from_text("kernel k { op = gemm  target = scalar  tile = 2x8  panel = 8 }")[0]), "t.imegen")
     assert {r.compiler for r in rows} == {"clang", "gcc", "host cc"} and not any(r.ok for r in rows)
     assert all("wrote C outside its M x N elements" in r.message and "exit status 2" in r.message for r in rows), rows
+
+
+def test_a_slice_writing_into_its_neighbour_is_caught(monkeypatch):
+    """The driver runs column slices last first, so a matmul_prepared that writes one column past its slice
+    lands on a finished slice and the comparison fails (run first to last, the next slice hid it). Here the
+    middle one of three slices does (the second call either way)."""
+    from imegen import verify
+
+    _patch_kernel(monkeypatch, "matmul_prepared", "    static int calls;\n    if (++calls == 2)\n        C[N] = 12345.0f;\n")
+    plan = plan_kernel(specs_from_text("kernel k { op = gemm  target = scalar  tile = 2x8  panel = 8 }")[0])
+    case = dataclasses.replace(make_cases(plan, np.random.default_rng(0), [(3, 30, 40)], exact=False)[0], ldc_pad=0, slices=3)
+    [result] = run_cases(verify.build(plan), [case], vlen=256)
+    assert result.status == 0 and not compare(plan, case, result).ok

@@ -15,6 +15,7 @@ from imegen.errors import SpecError
 from imegen.ir import load_specs, specs_from_text
 from imegen.ort.mlas_abi import COMPUTE_FP32, COMPUTE_INT8, plan_dispatch
 from imegen.plan import plan_kernel
+from imegen.toolchain import ToolchainError
 from imegen.render import render_spec
 
 # ORT's own shapes (matmul_4bits_test.cc / test_sqnbitgemm.cpp), trimmed for run time.
@@ -311,6 +312,24 @@ def test_mlas_dispatch_property(group, data):
     _run_and_check(d, "prop.imegen", cases)
 
 
+GEMM_ENTRY = r"(size_t \w+SQ4BitGemmKernel_CompInt8\([^)]*\)\n\{\n)"  # the CompInt8 GEMM entry's opening lines
+
+
+def _patch_dispatch(monkeypatch, pattern: str, replacement, flags=0):
+    """Have mlas_check build dispatches whose dispatch.c has `pattern` replaced: a dispatch made to misbehave.
+    `replacement` may be a function of the dispatch plan (for its prefix)."""
+    sources = mlas_check.sources
+
+    def patched(d, spec_file):
+        files = sources(d, spec_file)
+        name = f"{d.prefix}dispatch.c"
+        body = re.sub(pattern, replacement(d) if callable(replacement) else replacement, files[name], flags=flags)
+        assert body != files[name]
+        return {**files, name: body}
+
+    monkeypatch.setattr(mlas_check, "sources", patched)
+
+
 def test_check_shows_the_dispatch_refusing_other_vlens(monkeypatch):
     """`imegen check` asks an MLAS dispatch's supported() at the VLENs of 128..512 its kernels do not
     accept (MLAS asks it once at init; the entries return void and cannot refuse): a row each, which
@@ -326,16 +345,7 @@ def test_check_shows_the_dispatch_refusing_other_vlens(monkeypatch):
         mine = [r for r in rows if r.vlen.endswith("(refuses)")]
         assert {r.vlen.split()[0] for r in mine} == refused and all(r.kernel == f"{d.prefix}supported()" for r in mine)
 
-    sources = mlas_check.sources
-
-    def accepting(d, spec_file):
-        files = sources(d, spec_file)
-        name = f"{d.prefix}dispatch.c"
-        body = re.sub(r"(int \w*supported\(void\)\n\{\n).*?\n\}", r"\1    return 1;\n}", files[name], flags=re.S)
-        assert body != files[name]
-        return {**files, name: body}
-
-    monkeypatch.setattr(mlas_check, "sources", accepting)
+    _patch_dispatch(monkeypatch, r"(int \w*supported\(void\)\n\{\n).*?\n\}", r"\1    return 1;\n}", flags=re.S)
     rows = [r for r in check.check_dispatch(ime, "t.imegen") if r.vlen.endswith("(refuses)")]
     assert {r.vlen.split()[0] for r in rows} == {"128", "512"} and {r.compiler for r in rows} == {"clang", "gcc"}
     assert not any(r.ok for r in rows) and "MLAS would install" in rows[0].message
@@ -346,19 +356,33 @@ def test_check_reports_a_dispatch_run_that_dies_as_a_failed_row(monkeypatch):
     reason; the dispatch's other rows still run and pass."""
     from imegen import check
 
-    sources = mlas_check.sources
-
-    def aborting(d, spec_file):
-        files = sources(d, spec_file)
-        name = f"{d.prefix}dispatch.c"
-        body = re.sub(r"(size_t \w+SQ4BitGemmKernel_CompInt8\([^)]*\)\n\{\n)", r'\1    fputs("injected\\n", stderr), abort();\n', files[name])
-        assert body != files[name]
-        return {**files, name: body}
-
-    monkeypatch.setattr(mlas_check, "sources", aborting)
+    _patch_dispatch(monkeypatch, GEMM_ENTRY, r'\1    fputs("injected\\n", stderr), abort();\n')
     text = ("kernel g { abi = mlas  compute = int8  op = gemm  target = scalar  tile = 4x16 }\n"
             "kernel q8 { abi = mlas  bits = 8  compute = int8  op = gemm  target = scalar  tile = 4x16 }")
     rows = [r for r in check.check_dispatch(_dispatch(text, "two.imegen"), "t.imegen") if r.compiler == "clang"]
     dead = [r for r in rows if not r.ok]
     assert {r.kernel for r in dead} == {"g"} and all("injected" in r.message and "SIGABRT" in r.message for r in dead)
     assert {r.kernel for r in rows if r.ok} == {"q8"}
+
+
+def test_an_entry_writing_past_its_columns_is_caught(monkeypatch):
+    """The MLAS stand-in runs its thread ranges and column chunks last first, so a CompInt8 GEMM entry that
+    writes one column past its chunk lands on finished columns and the comparison fails. Here the second call
+    does: N = 300 runs as chunks [0, 128) [128, 160) | [160, 288) [288, 300); first to last, the second call's
+    spill was overwritten by the third."""
+    _patch_dispatch(monkeypatch, GEMM_ENTRY, r"\1    static int calls;\n    if (++calls == 2)\n        C[CountN] = 12345.0f;\n")
+    d = _dispatch("kernel g { abi = mlas  compute = int8  op = gemm  target = scalar  tile = 4x16 }", "spill.imegen")
+    mc = mlas_check.random_case(np.random.default_rng(0), 3, 300, 64, 32, symmetric=False, bias=False, compute=COMPUTE_INT8)
+    [result] = mlas_check.run(mlas_check.build(d, "spill.imegen"), [mc])
+    assert not mlas_check.check(d, mc, result).ok
+
+
+def test_an_entry_writing_past_its_buffers_fails_the_run(monkeypatch):
+    """The MLAS stand-in poisons 64 bytes past the packed B and C: a pack entry writing past its size fails
+    the run with the reason."""
+    _patch_dispatch(monkeypatch, r"(void \w+SQ4BitGemmPackQuantBData\([^)]*\)\n\{\n)", lambda d: (
+        rf"\1    if (QuantBDataBegin) PackedQuantBDataBegin[{d.prefix}Q4BitGemmPackQuantBDataSize(N, K, BlkLen, false, ComputeType) + 63] = 0;\n"))
+    d = _dispatch("kernel g { abi = mlas  compute = int8  op = gemm  target = scalar  tile = 4x16 }", "over.imegen")
+    mc = mlas_check.random_case(np.random.default_rng(0), 3, 40, 64, 32, symmetric=True, bias=False, compute=COMPUTE_INT8)
+    with pytest.raises(ToolchainError, match="SQ4BitGemmPackQuantBData wrote past Q4BitGemmPackQuantBDataSize"):
+        mlas_check.run(mlas_check.build(d, "over.imegen"), [mc])

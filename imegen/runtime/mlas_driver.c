@@ -27,6 +27,8 @@
 /* Counting markers (imegen/perf/mlas_counts.py): A quantization and the GEMM calls of a CompInt8
  * case run between a begin/end pair each. */
 #include "bench_markers.h"
+/* Poisoned guards after the packed B, the workspace and C (a write past them ends the run). */
+#include "guard.h"
 
 #define D IMEGEN_DISPATCH
 
@@ -61,7 +63,9 @@ static unsigned long vmadots(void)
 #endif
 }
 
-/* Thread ranges: N split in two at a multiple of 16, as MLAS's partitioning would. */
+/* Thread ranges: N split in two at a multiple of 16, as MLAS's partitioning would. Ranges and their column
+ * chunks run last first (threads may run in any order): an entry writing past its columns then lands on
+ * finished ones and the comparison catches it. */
 static size_t range_split(size_t N)
 {
     return N > 16 ? (N / 2 + 15) / 16 * 16 : N;
@@ -71,8 +75,8 @@ static void fp32_m1(size_t BlkLen, size_t K, size_t kb, const float *A, const ui
                     const uint8_t *zp, const float *bias, float *C, size_t n0, size_t n1)
 {
     const size_t ldb = kb * BlkLen / 2, zpb = (kb + 1) / 2;
-    for (size_t n = n0; n < n1; n += 128) {
-        const size_t cn = n1 - n < 128 ? n1 - n : 128;
+    for (size_t left = (n1 - n0 + 127) / 128; left > 0; left--) {
+        const size_t n = n0 + (left - 1) * 128, cn = n1 - n < 128 ? n1 - n : 128;
         D(SQ4BitGemmM1Kernel_CompFp32)(BlkLen, A, packed + n * ldb, scales + n * kb, zp ? zp + n * zpb : NULL, C + n, cn, K, kb,
                                        bias ? bias + n : NULL);
     }
@@ -83,8 +87,8 @@ static void fp32_sgemm(size_t BlkLen, size_t M, size_t K, size_t kb, const float
 {
     const size_t ldb = kb * BlkLen / 2, zpb = (kb + 1) / 2;
     float *buf = malloc(kb * BlkLen * 32 * sizeof(float));
-    for (size_t n = n0; n < n1; n += 32) {
-        const size_t cn = n1 - n < 32 ? n1 - n : 32;
+    for (size_t left = (n1 - n0 + 31) / 32; left > 0; left--) {
+        const size_t n = n0 + (left - 1) * 32, cn = n1 - n < 32 ? n1 - n : 32;
         D(SQ4BitBlkDequantBForSgemm_CompFp32)(BlkLen, buf, packed + n * ldb, scales + n * kb, zp ? zp + n * zpb : NULL, cn, K, kb);
         for (size_t m = 0; m < M; m++)
             for (size_t j = 0; j < cn; j++) { /* MlasSgemmCopyPackB order: 16-column panels of K rows */
@@ -101,8 +105,8 @@ static void int8_gemm(size_t BlkLen, size_t M, size_t K, size_t kb, const uint8_
                       const float *scales, const uint8_t *zp, const float *bias, float *C, size_t ldc, size_t n0, size_t n1)
 {
     const size_t ldb = kb * BlkLen / 2, zpb = (kb + 1) / 2;
-    for (size_t n = n0; n < n1; n += 128) {
-        const size_t cn = n1 - n < 128 ? n1 - n : 128;
+    for (size_t left = (n1 - n0 + 127) / 128; left > 0; left--) {
+        const size_t n = n0 + (left - 1) * 128, cn = n1 - n < 128 ? n1 - n : 128;
         for (size_t m = 0; m < M;) {
             const size_t done = D(SQ4BitGemmKernel_CompInt8)(BlkLen, qa + m * qlda, packed + n * ldb, scales + n * kb,
                                                              zp ? zp + n * zpb : NULL, C + m * ldc + n, M - m, cn, K, kb, ldc,
@@ -121,26 +125,29 @@ static int sq4(size_t BlkLen, int compute, size_t M, size_t N, size_t K, const f
     const size_t size = D(Q4BitGemmPackQuantBDataSize)(N, K, BlkLen, zp != NULL, compute);
     if (size == 0)
         return 1;
-    uint8_t *packed = malloc(size);
+    uint8_t *packed = imegen_poisoned(16, size);
     D(SQ4BitGemmPackQuantBData)(N, K, BlkLen, compute, B, packed, NULL);
     D(SQ4BitGemmPackQuantBData)(N, K, BlkLen, compute, NULL, packed, NULL); /* ORT's scale-only call */
+    imegen_check_guard(packed, size, "SQ4BitGemmPackQuantBData wrote past Q4BitGemmPackQuantBDataSize()");
     const size_t split = range_split(N);
     const size_t ranges[2][2] = { { 0, split }, { split, N } };
     if (compute == IMEGEN_COMPUTE_INT8) {
         const size_t qlda = kb * (BlkLen + 4);
         const size_t align = D(QNBitGemmPerGemmWorkspaceAlignment)(BlkLen, compute);
-        uint8_t *ws = aligned_alloc(align, (D(QNBitGemmPerGemmWorkspaceSize)(M, N, K, BlkLen, zp != NULL, compute, 4) + align - 1) / align * align);
+        const size_t wsize = D(QNBitGemmPerGemmWorkspaceSize)(M, N, K, BlkLen, zp != NULL, compute, 4);
+        uint8_t *ws = imegen_poisoned(align, wsize);
         imegen_bench_begin();
         for (size_t m = 0; m < M; m++)
             D(QuantizeARow_CompInt8)(BlkLen, A + m * K, K, ws + m * qlda);
         imegen_bench_end();
         imegen_bench_begin();
-        for (int r = 0; r < 2; r++)
+        for (int r = 1; r >= 0; r--)
             int8_gemm(BlkLen, M, K, kb, ws, qlda, packed, scales, zp, bias, C, N, ranges[r][0], ranges[r][1]);
         imegen_bench_end();
+        imegen_check_guard(ws, wsize, "QuantizeARow_CompInt8 wrote past QNBitGemmPerGemmWorkspaceSize()");
         free(ws);
     } else {
-        for (int r = 0; r < 2; r++) {
+        for (int r = 1; r >= 0; r--) {
             if (M == 1)
                 fp32_m1(BlkLen, K, kb, A, packed, scales, zp, bias, C, ranges[r][0], ranges[r][1]);
             else
@@ -171,19 +178,18 @@ static int sq8(size_t BlkLen, size_t M, size_t N, size_t K, const float *A, cons
     const size_t size = D(Q8BitGemmPackQuantBDataSize)(N, K, BlkLen, zp != NULL, compute);
     if (size == 0)
         return 1;
-    uint8_t *packed = aligned_alloc(64, (size + 63) / 64 * 64);
-    memset(packed, 0xa5, size); /* a kernel reading what pack did not write sees garbage */
+    uint8_t *packed = imegen_poisoned(64, size);
     float *blksum, *pscales;
     sq8_regions(packed, size, N, kb, BlkLen, &blksum, &pscales);
     D(SQ8BitGemmPackQuantBDataAndBlkSum)(N, K, BlkLen, compute, B, scales, zp != NULL, NULL, packed, pscales, blksum, NULL);
     D(SQ8BitGemmPackQuantBDataAndBlkSum)(N, K, BlkLen, compute, NULL, scales, zp != NULL, NULL, packed, pscales, blksum, NULL);
     if (zp)
         D(SQ8BitGemmPackQuantBDataAndBlkSum)(N, K, BlkLen, compute, NULL, NULL, true, zp, packed, pscales, blksum, NULL);
+    imegen_check_guard(packed, size, "SQ8BitGemmPackQuantBDataAndBlkSum wrote past Q8BitGemmPackQuantBDataSize()");
 
     const size_t align = D(QNBitGemmPerGemmWorkspaceAlignment)(BlkLen, compute);
     const size_t wsize = D(QNBitGemmPerGemmWorkspaceSize)(M, N, K, BlkLen, zp != NULL, compute, 8);
-    uint8_t *ws = aligned_alloc(align, (wsize + align - 1) / align * align);
-    memset(ws, 0xa5, wsize);
+    uint8_t *ws = imegen_poisoned(align, wsize);
     uint8_t *qa = ws; /* PerGemmQuantAWorkspace: int8 A [M][lda], scales [M][kb], block sums [M][kb] */
     float *qscale = (float *)(qa + M * lda), *qsum = qscale + M * kb;
     imegen_bench_begin();
@@ -195,15 +201,16 @@ static int sq8(size_t BlkLen, size_t M, size_t N, size_t K, const float *A, cons
     const size_t nranges[2][2] = { { 0, split }, { split, N } };
     for (size_t m0 = 0; m0 < M; m0 += 128) {
         const size_t cm = M - m0 < 128 ? M - m0 : 128;
-        for (int r = 0; r < 2; r++)
-            for (size_t n = nranges[r][0]; n < nranges[r][1]; n += 128) {
-                const size_t cn = nranges[r][1] - n < 128 ? nranges[r][1] - n : 128;
+        for (int r = 1; r >= 0; r--)
+            for (size_t left = (nranges[r][1] - nranges[r][0] + 127) / 128; left > 0; left--) {
+                const size_t n = nranges[r][0] + (left - 1) * 128, cn = nranges[r][1] - n < 128 ? nranges[r][1] - n : 128;
                 D(SQ8BitGemmKernel_BlkSum_CompInt8)(BlkLen, qa + m0 * lda, qscale + m0 * kb, packed + n * ldb, pscales + n * kb,
                                                     zp ? zp + n * kb : NULL, C + m0 * N + n, cm, cn, K, kb, bias ? bias + n : NULL,
                                                     N, qsum + m0 * kb, blksum + n * kb, NULL);
             }
     }
     imegen_bench_end();
+    imegen_check_guard(ws, wsize, "QuantizeARowComputeBlkSum_CompInt8 wrote past QNBitGemmPerGemmWorkspaceSize()");
     free(ws);
     free(packed);
     return 0;
@@ -236,7 +243,9 @@ int main(int argc, char **argv)
         float *scales = read_exact(in, N * kb * sizeof(float));
         uint8_t *zp = has_zp ? read_exact(in, N * (bits == 8 ? kb : (kb + 1) / 2)) : NULL;
         float *bias = has_bias ? read_exact(in, N * sizeof(float)) : NULL;
-        float *C = calloc(M * N + 1, sizeof(float));
+        float *C = calloc(M * N + IMEGEN_GUARD / sizeof(float), sizeof(float));
+        if (!C)
+            die("out of memory");
         int32_t status = 0;
         const unsigned long before = vmadots();
         if (bits == 8)
@@ -244,6 +253,9 @@ int main(int argc, char **argv)
         else
             status = sq4(BlkLen, compute, M, N, K, A, B, scales, zp, bias, C);
         const uint64_t executed = vmadots() - before;
+        for (size_t i = M * N; i < M * N + IMEGEN_GUARD / sizeof(float); i++)
+            if (C[i] != 0.0f)
+                die("an entry wrote past C's last row");
         fwrite(&status, sizeof status, 1, out);
         fwrite(&executed, sizeof executed, 1, out);
         fwrite(C, sizeof(float), M * N, out);
