@@ -377,12 +377,18 @@ def test_an_entry_writing_past_its_columns_is_caught(monkeypatch):
     assert not mlas_check.check(d, mc, result).ok
 
 
-def test_an_entry_writing_past_its_buffers_fails_the_run(monkeypatch):
-    """The MLAS stand-in poisons 64 bytes past the packed B and C: a pack entry writing past its size fails
-    the run with the reason."""
-    _patch_dispatch(monkeypatch, r"(void \w+SQ4BitGemmPackQuantBData\([^)]*\)\n\{\n)", lambda d: (
-        rf"\1    if (QuantBDataBegin) PackedQuantBDataBegin[{d.prefix}Q4BitGemmPackQuantBDataSize(N, K, BlkLen, false, ComputeType) + 63] = 0;\n"))
-    d = _dispatch("kernel g { abi = mlas  compute = int8  op = gemm  target = scalar  tile = 4x16 }", "over.imegen")
-    mc = mlas_check.random_case(np.random.default_rng(0), 3, 40, 64, 32, symmetric=True, bias=False, compute=COMPUTE_INT8)
-    with pytest.raises(ToolchainError, match="SQ4BitGemmPackQuantBData wrote past Q4BitGemmPackQuantBDataSize"):
+@pytest.mark.parametrize("entry, write, compute, says", [
+    ("void \\w+SQ4BitGemmPackQuantBData", "if (QuantBDataBegin) PackedQuantBDataBegin[{p}Q4BitGemmPackQuantBDataSize(N, K, BlkLen, false, ComputeType) + 63] = 0;",
+     COMPUTE_INT8, "SQ4BitGemmPackQuantBData wrote past Q4BitGemmPackQuantBDataSize"),
+    ("void \\w+SQ4BitBlkDequantBForSgemm_CompFp32", "FpData[32 * BlockStrideQuantB * BlkLen] = 0;",
+     COMPUTE_FP32, "SQ4BitBlkDequantBForSgemm_CompFp32 wrote past its 32 columns"),
+])
+def test_an_entry_writing_past_its_buffers_fails_the_run(monkeypatch, entry, write, compute, says):
+    """The MLAS stand-in poisons 64 bytes past the buffers an entry writes: a pack entry writing past its
+    size, or a dequantizer past MLAS's 32-column buffer, fails the run with the reason."""
+    _patch_dispatch(monkeypatch, rf"({entry}\([^)]*\)\n\{{\n)", lambda d: r"\1    " + write.format(p=d.prefix) + r"\n")
+    d = _dispatch("defaults { abi = mlas  target = scalar }\nkernel g { compute = int8  op = gemm  tile = 4x16 }\n"
+                  "kernel m1 { compute = fp32  op = gemv  tile = 1x16 }\nkernel dq { compute = fp32  op = gemm  tile = 1x16 }", "over.imegen")
+    mc = mlas_check.random_case(np.random.default_rng(0), 3, 40, 64, 32, symmetric=True, bias=False, compute=compute)
+    with pytest.raises(ToolchainError, match=says):
         mlas_check.run(mlas_check.build(d, "over.imegen"), [mc])

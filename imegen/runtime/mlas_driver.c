@@ -27,7 +27,7 @@
 /* Counting markers (imegen/perf/mlas_counts.py): A quantization and the GEMM calls of a CompInt8
  * case run between a begin/end pair each. */
 #include "bench_markers.h"
-/* Poisoned guards after the packed B, the workspace and C (a write past them ends the run). */
+/* Poisoned guards after the packed B, the workspaces and C (a write past them ends the run). */
 #include "guard.h"
 
 #define D IMEGEN_DISPATCH
@@ -86,10 +86,12 @@ static void fp32_sgemm(size_t BlkLen, size_t M, size_t K, size_t kb, const float
                        const float *scales, const uint8_t *zp, const float *bias, float *C, size_t ldc, size_t n0, size_t n1)
 {
     const size_t ldb = kb * BlkLen / 2, zpb = (kb + 1) / 2;
-    float *buf = malloc(kb * BlkLen * 32 * sizeof(float));
+    const size_t bytes = kb * BlkLen * 32 * sizeof(float); /* MLAS's dequantized-B buffer: 32 columns */
+    float *buf = imegen_poisoned(16, bytes);
     for (size_t left = (n1 - n0 + 31) / 32; left > 0; left--) {
         const size_t n = n0 + (left - 1) * 32, cn = n1 - n < 32 ? n1 - n : 32;
         D(SQ4BitBlkDequantBForSgemm_CompFp32)(BlkLen, buf, packed + n * ldb, scales + n * kb, zp ? zp + n * zpb : NULL, cn, K, kb);
+        imegen_check_guard(buf, bytes, "SQ4BitBlkDequantBForSgemm_CompFp32 wrote past its 32 columns of K");
         for (size_t m = 0; m < M; m++)
             for (size_t j = 0; j < cn; j++) { /* MlasSgemmCopyPackB order: 16-column panels of K rows */
                 double acc = 0;
