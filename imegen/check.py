@@ -179,6 +179,13 @@ def dispatch_vlens(d: DispatchPlan) -> list[int]:
     return [v for v in VLENS if v >= max(p.spec.vlen or 128 for p in d.kernels)]
 
 
+def dispatch_refused_vlens(d: DispatchPlan) -> list[int]:
+    """The VLENs of 128..512 a dispatch with vector kernels does not accept: there supported() must say no."""
+    if all(p.spec.target == "scalar" for p in d.kernels):
+        return []
+    return [v for v in VLENS if v not in dispatch_vlens(d)]
+
+
 def dispatch_refusal_row(d: DispatchPlan, exe, compiler: str, vlen: int) -> Row:
     """At a VLEN one of its kernels does not accept, the dispatch's supported() must say no: MLAS asks it
     once at init and then installs none of the entries (no entry can refuse: they return void)."""
@@ -186,7 +193,7 @@ def dispatch_refusal_row(d: DispatchPlan, exe, compiler: str, vlen: int) -> Row:
     try:
         said = mlas_check.supported(exe, vlen=vlen)
     except ToolchainError as e:
-        return Row(name, target, compiler, f"{vlen} (refuses)", 1, NAN, NAN, 0, False, f"did not answer: {str(e).splitlines()[0]}")
+        return Row(name, target, compiler, f"{vlen} (refuses)", 1, NAN, NAN, 0, False, f"did not answer: {died(e)}")
     return Row(name, target, compiler, f"{vlen} (refuses)", 1, NAN, NAN, 0, not said,
                "ok" if not said else "returned 1: MLAS would install the dispatch on this hart")
 
@@ -205,10 +212,10 @@ def check_dispatch(d: DispatchPlan, spec_file: str, *, seed: int = 0, log=None) 
             shapes = _group_shapes(g)
             cases = [(mlas_check.random_case(rng, M, N, K, g.block, i % 2 == 0, i % 3 == 0, g.compute, exact, g.bits), exact)
                      for exact in (False, True) for i, (M, N, K) in enumerate(shapes)]
+            target = "mlas:" + "/".join(sorted({p.spec.target for p in (g.m1, g.dequant, g.gemv, g.gemm) if p}))
             for vlen in vlens:
                 if log:
                     log(f"  dispatch {d.prefix}: {'+'.join(names)}: {compiler}, vlen {vlen}: {len(cases)} cases")
-                target = "mlas:" + "/".join(sorted({p.spec.target for p in (g.m1, g.dequant, g.gemv, g.gemm) if p}))
                 try:
                     results = mlas_check.run(exe, [c for c, _ in cases], vlen=vlen)
                 except ToolchainError as e:  # the driver died: the group's row fails, the others still run
@@ -219,7 +226,7 @@ def check_dispatch(d: DispatchPlan, spec_file: str, *, seed: int = 0, log=None) 
                 message = "ok" if not bad else f"{len(bad)} failed; first M,N,K={bad[0][0].case.shape}: {bad[0][1].message}"
                 rows.append(Row("+".join(names), target, compiler, str(vlen), len(cmp), max(x.max_abs for x in cmp),
                                 max(x.max_rel for x in cmp), sum(r.vmadots for r in results), not bad, message))
-        for vlen in [v for v in VLENS if v not in vlens] if targets - {"scalar"} else []:
+        for vlen in dispatch_refused_vlens(d):
             if log:
                 log(f"  dispatch {d.prefix}: {compiler}, vlen {vlen}: supported() must refuse")
             rows.append(dispatch_refusal_row(d, exe, compiler, vlen))
