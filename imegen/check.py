@@ -115,8 +115,8 @@ def died(e: ToolchainError) -> str:
     return f"{how}: {said[-1].strip()}" if said else how
 
 
-def died_row(plan: KernelPlan, compiler: str, vlen: str, cases: int, e: ToolchainError) -> Row:
-    return Row(plan.name, plan.spec.target, compiler, vlen, cases, NAN, NAN, 0, False, f"run failed: {died(e)}")
+def died_row(kernel: str, target: str, compiler: str, vlen: str, cases: int, e: ToolchainError) -> Row:
+    return Row(kernel, target, compiler, vlen, cases, NAN, NAN, 0, False, f"run failed: {died(e)}")
 
 
 def refusal_row(b: Build, vlen: int, cases: list[Case]) -> Row:
@@ -147,7 +147,7 @@ def check_kernel(plan: KernelPlan, spec_file: str, *, seed: int = 0, log=None) -
             try:
                 results = run_cases(b, random_cases + exact_cases, vlen=vlen)
             except ToolchainError as e:  # the driver died: a crash, or a write outside what the call owns
-                rows.append(died_row(plan, compiler, str(vlen), len(random_cases + exact_cases), e))
+                rows.append(died_row(plan.name, plan.spec.target, compiler, str(vlen), len(random_cases + exact_cases), e))
                 continue
             rows.append(_row(plan, compiler, str(vlen), random_cases, exact_cases, results))
         for vlen in refused_vlens(plan):
@@ -159,7 +159,7 @@ def check_kernel(plan: KernelPlan, spec_file: str, *, seed: int = 0, log=None) -
             results = run_cases(build(plan, spec_file, host=True), random_cases + exact_cases, vlen=None)
             rows.append(_row(plan, "host cc", "-", random_cases, exact_cases, results))
         except ToolchainError as e:
-            rows.append(died_row(plan, "host cc", "-", len(random_cases + exact_cases), e))
+            rows.append(died_row(plan.name, plan.spec.target, "host cc", "-", len(random_cases + exact_cases), e))
     return rows
 
 
@@ -219,7 +219,7 @@ def check_dispatch(d: DispatchPlan, spec_file: str, *, seed: int = 0, log=None) 
                 try:
                     results = mlas_check.run(exe, [c for c, _ in cases], vlen=vlen)
                 except ToolchainError as e:  # the driver died: the group's row fails, the others still run
-                    rows.append(Row("+".join(names), target, compiler, str(vlen), len(cases), NAN, NAN, 0, False, f"run failed: {died(e)}"))
+                    rows.append(died_row("+".join(names), target, compiler, str(vlen), len(cases), e))
                     continue
                 cmp = [mlas_check.check(d, c, r, exact=exact) for (c, exact), r in zip(cases, results)]
                 bad = [(c, x) for (c, _), x in zip(cases, cmp) if not x.ok]

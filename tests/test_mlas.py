@@ -312,7 +312,12 @@ def test_mlas_dispatch_property(group, data):
     _run_and_check(d, "prop.imegen", cases)
 
 
-GEMM_ENTRY = r"(size_t \w+SQ4BitGemmKernel_CompInt8\([^)]*\)\n\{\n)"  # the CompInt8 GEMM entry's opening lines
+def _entry(ret: str, name: str) -> str:
+    """A regex for the opening lines of dispatch entry `name` (returning `ret`), captured as group 1."""
+    return rf"({ret} \w+{name}\([^)]*\)\n\{{\n)"
+
+
+GEMM_ENTRY = _entry("size_t", "SQ4BitGemmKernel_CompInt8")
 
 
 def _patch_dispatch(monkeypatch, pattern: str, replacement, flags=0):
@@ -378,15 +383,15 @@ def test_an_entry_writing_past_its_columns_is_caught(monkeypatch):
 
 
 @pytest.mark.parametrize("entry, write, compute, says", [
-    ("void \\w+SQ4BitGemmPackQuantBData", "if (QuantBDataBegin) PackedQuantBDataBegin[{p}Q4BitGemmPackQuantBDataSize(N, K, BlkLen, false, ComputeType) + 63] = 0;",
+    ("SQ4BitGemmPackQuantBData", "if (QuantBDataBegin) PackedQuantBDataBegin[{p}Q4BitGemmPackQuantBDataSize(N, K, BlkLen, false, ComputeType) + 63] = 0;",
      COMPUTE_INT8, "SQ4BitGemmPackQuantBData wrote past Q4BitGemmPackQuantBDataSize"),
-    ("void \\w+SQ4BitBlkDequantBForSgemm_CompFp32", "FpData[32 * BlockStrideQuantB * BlkLen] = 0;",
+    ("SQ4BitBlkDequantBForSgemm_CompFp32", "FpData[32 * BlockStrideQuantB * BlkLen] = 0;",
      COMPUTE_FP32, "SQ4BitBlkDequantBForSgemm_CompFp32 wrote past its 32 columns"),
 ])
 def test_an_entry_writing_past_its_buffers_fails_the_run(monkeypatch, entry, write, compute, says):
     """The MLAS stand-in poisons 64 bytes past the buffers an entry writes: a pack entry writing past its
     size, or a dequantizer past MLAS's 32-column buffer, fails the run with the reason."""
-    _patch_dispatch(monkeypatch, rf"({entry}\([^)]*\)\n\{{\n)", lambda d: r"\1    " + write.format(p=d.prefix) + r"\n")
+    _patch_dispatch(monkeypatch, _entry("void", entry), lambda d: r"\1    " + write.format(p=d.prefix) + r"\n")
     d = _dispatch("defaults { abi = mlas  target = scalar }\nkernel g { compute = int8  op = gemm  tile = 4x16 }\n"
                   "kernel m1 { compute = fp32  op = gemv  tile = 1x16 }\nkernel dq { compute = fp32  op = gemm  tile = 1x16 }", "over.imegen")
     mc = mlas_check.random_case(np.random.default_rng(0), 3, 40, 64, 32, symmetric=True, bias=False, compute=compute)

@@ -33,4 +33,25 @@ static inline void imegen_check_guard(const void *buf, size_t bytes, const char 
             imegen_guard_fail(what);
 }
 
+/* C of M rows `ldc` floats apart, zeroed, with a guard past the last row (imegen_check_c). */
+static inline float *imegen_guarded_c(size_t M, size_t ldc)
+{
+    float *C = calloc(M * ldc + IMEGEN_GUARD / sizeof(float), sizeof(float));
+    if (!C)
+        imegen_guard_fail("out of memory");
+    return C;
+}
+
+/* C's elements outside M x N (each row's ldc padding, the guard past the last row) stay zero. */
+static inline void imegen_check_c(const float *C, size_t M, size_t N, size_t ldc, const char *what)
+{
+    for (size_t m = 0; m < M; m++)
+        for (size_t j = N; j < ldc; j++)
+            if (C[m * ldc + j] != 0.0f)
+                imegen_guard_fail(what);
+    for (size_t i = 0; i < IMEGEN_GUARD / sizeof(float); i++)
+        if (C[M * ldc + i] != 0.0f)
+            imegen_guard_fail(what);
+}
+
 #endif

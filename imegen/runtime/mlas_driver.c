@@ -245,9 +245,7 @@ int main(int argc, char **argv)
         float *scales = read_exact(in, N * kb * sizeof(float));
         uint8_t *zp = has_zp ? read_exact(in, N * (bits == 8 ? kb : (kb + 1) / 2)) : NULL;
         float *bias = has_bias ? read_exact(in, N * sizeof(float)) : NULL;
-        float *C = calloc(M * N + IMEGEN_GUARD / sizeof(float), sizeof(float));
-        if (!C)
-            die("out of memory");
+        float *C = imegen_guarded_c(M, N);
         int32_t status = 0;
         const unsigned long before = vmadots();
         if (bits == 8)
@@ -255,9 +253,7 @@ int main(int argc, char **argv)
         else
             status = sq4(BlkLen, compute, M, N, K, A, B, scales, zp, bias, C);
         const uint64_t executed = vmadots() - before;
-        for (size_t i = M * N; i < M * N + IMEGEN_GUARD / sizeof(float); i++)
-            if (C[i] != 0.0f)
-                die("an entry wrote past C's last row");
+        imegen_check_c(C, M, N, N, "an entry wrote past C's last row");
         fwrite(&status, sizeof status, 1, out);
         fwrite(&executed, sizeof executed, 1, out);
         fwrite(C, sizeof(float), M * N, out);
