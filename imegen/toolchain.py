@@ -1,18 +1,30 @@
-"""Thin wrapper around the RISC-V cross toolchain and QEMU user mode.
+"""Thin wrapper around the RISC-V toolchain and QEMU user mode.
 
 Everything that shells out to a compiler or emulator goes through here, so failures always
 surface as a ToolchainError that carries the exact command and its stderr.
+
+Where imegen runs decides the tools (`current_host()`, detected once): on any other machine it
+cross-compiles with clang-19 --target=riscv64-linux-gnu / riscv64-linux-gnu-gcc against SYSROOT and
+runs every program under qemu-riscv64; on a riscv64 machine it compiles with the native clang / gcc
+and runs programs natively, except those the hart cannot run (a VLEN other than its own, IME on a
+machine without it), which go through qemu-riscv64 if it is installed and are refused otherwise.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import platform
+import re
 import shlex
 import shutil
 import signal
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from . import cache
 from .cache import Inputs
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
@@ -23,6 +35,14 @@ CLANG = "clang-19"
 GCC = "riscv64-linux-gnu-gcc"
 HOST_CC = "cc"
 QEMU = "qemu-riscv64"
+NATIVE_CLANG = "clang"  # on a riscv64 host: the distribution's own compilers
+NATIVE_GCC = "gcc"
+IME_HARTS_ENV = "IMEGEN_IME_HARTS"  # which harts execute vmadot, e.g. "0-3", "0,2", "" (none): overrides /proc/cpuinfo
+# marchid of the K1's cores: X60 (all eight harts, as the K1's kernels report them) and A60 (the IME cores, if a kernel
+# reports them apart). A K1 reporting eight X60 harts has IME on harts 0-3 (docs/ime-isa.md §1).
+MARCHID_X60 = 0x8000000058000001
+MARCHID_A60 = 0x8000000041000001
+K1_IME_HARTS = (0, 1, 2, 3)
 
 
 def qemu_cpu(vlen: int | None = 256, *, zfh: bool = True) -> str:
@@ -66,9 +86,143 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
+class HostError(ToolchainError):
+    """This machine cannot do what was asked (e.g. run a program its hart cannot, with no QEMU): nothing ran."""
+
+    def __init__(self, message: str, cmd: Sequence[str] = ()) -> None:
+        RuntimeError.__init__(self, message + (f"\n  command: {shlex.join(cmd)}" if cmd else ""))
+        self.cmd, self.returncode, self.stdout, self.stderr = list(cmd), None, "", ""
+
+
+@dataclass(frozen=True)
+class Host:
+    """The machine imegen runs on, as far as building and running riscv64 programs goes."""
+
+    machine: str  # platform.machine()
+    vlen: int | None = None  # riscv64: the hart's VLEN in bits (None: no V)
+    ime_harts: tuple[int, ...] = ()  # riscv64: the harts that execute vmadot
+    qemu: bool = False  # riscv64: qemu-riscv64 is installed, for the programs the hart cannot run
+
+    @property
+    def native(self) -> bool:
+        """True on a riscv64 machine: native compilers, programs run natively where the hart can."""
+        return self.machine == "riscv64"
+
+    def cannot_run(self, vlen: int | None, ime: bool) -> str | None:
+        """Why this machine's hart cannot run a program needing `vlen` (None: any) and IME (None: it can)."""
+        if ime and not self.ime_harts:
+            return "the program uses IME (vmadot) and no hart of this machine has it"
+        if vlen is not None and vlen != self.vlen:
+            have = f"VLEN {self.vlen}" if self.vlen else "no vector unit (V)"
+            return f"the program needs a hart with VLEN {vlen} and this machine's has {have}"
+        return None
+
+
+@functools.cache
+def current_host() -> Host:
+    """This machine, detected once per process (tests replace this function to simulate another)."""
+    machine = platform.machine()
+    if machine != "riscv64":
+        return Host(machine)
+    cpuinfo = _read_cpuinfo()
+    return Host(machine, vlen=hart_vlen(cpuinfo), ime_harts=ime_harts(cpuinfo, os.environ.get(IME_HARTS_ENV)),
+                qemu=shutil.which(QEMU) is not None)
+
+
+def _read_cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def isa_has_v(cpuinfo: str) -> bool:
+    """Whether /proc/cpuinfo's first `isa` line names V among its single-letter extensions (rv64imafdcv_...)."""
+    m = re.search(r"^isa\s*:\s*rv\d+([a-z]*)", cpuinfo, re.M)
+    return bool(m) and "v" in m.group(1)
+
+
+# Reads vlenb by its CSR number (0xc22), so any assembler and any -march take it.
+VLEN_PROBE = """#include <stdio.h>
+int main(void) {
+    unsigned long vlenb;
+    __asm__ volatile("csrr %0, 0xc22" : "=r"(vlenb));
+    printf("%lu\\n", vlenb * 8);
+    return 0;
+}
+"""
+
+
+def hart_vlen(cpuinfo: str) -> int | None:
+    """The hart's VLEN in bits, read by a probe program (None: no V, or the probe could not run)."""
+    if not isa_has_v(cpuinfo):
+        return None
+    try:
+        exe = _vlen_probe()
+        out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError, ToolchainError):
+        return None
+    return int(out.stdout) if out.returncode == 0 and out.stdout.strip().isdigit() and int(out.stdout) else None
+
+
+def _vlen_probe() -> Path:
+    def fill(d: Path) -> None:
+        (d / "probe.c").write_text(VLEN_PROBE)
+        cmd = [HOST_CC, "-O2", "-o", str(d / "vlen_probe"), str(d / "probe.c")]
+        proc = _spawn(cmd, text=True)
+        if proc.returncode != 0:
+            raise ToolchainError("compilation failed", cmd, proc.returncode, proc.stdout, proc.stderr)
+
+    return cache.entry("vlen-probe", Inputs(strings=(VLEN_PROBE,), tools=(HOST_CC,)).key(), fill) / "vlen_probe"
+
+
+def parse_harts(text: str) -> tuple[int, ...]:
+    """A hart list ("0-3", "0,2", "0-1,6"; "": none) -> the hart numbers; a malformed one is a HostError."""
+    harts: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
+            raise HostError(f"{IME_HARTS_ENV}={text!r}: expected hart numbers and ranges such as 0-3 or 0,2 "
+                            f"(empty: none)")
+        harts.update(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
+    return tuple(sorted(harts))
+
+
+def ime_harts(cpuinfo: str, override: str | None = None) -> tuple[int, ...]:
+    """The harts that execute vmadot: IMEGEN_IME_HARTS if set, else from /proc/cpuinfo's marchid per hart
+    (A60 harts; or harts 0-3 of a K1 reporting eight X60 harts). QEMU reports no marchid: none."""
+    if override is not None:
+        return parse_harts(override)
+    marchids = {}
+    for block in re.split(r"\n\s*\n", cpuinfo):
+        hart = re.search(r"^processor\s*:\s*(\d+)", block, re.M)
+        arch = re.search(r"^marchid\s*:\s*(0x[0-9a-fA-F]+)", block, re.M)
+        if hart and arch:
+            marchids[int(hart.group(1))] = int(arch.group(1), 16)
+    a60 = tuple(sorted(h for h, a in marchids.items() if a == MARCHID_A60))
+    if a60:
+        return a60
+    if sorted(marchids) == list(range(8)) and set(marchids.values()) == {MARCHID_X60}:
+        return K1_IME_HARTS
+    return ()
+
+
+def hart_list(harts: Sequence[int]) -> str:
+    """(0, 1, 2, 3, 6) -> "0-3,6" (taskset's and IMEGEN_IME_HARTS's syntax)."""
+    runs: list[list[int]] = []
+    for h in sorted(harts):
+        if runs and h == runs[-1][1] + 1:
+            runs[-1][1] = h
+        else:
+            runs.append([h, h])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
 def missing_tools() -> list[str]:
-    """Executables this module needs that are not on PATH (empty list: all present)."""
-    return [t for t in (CLANG, GCC, QEMU, HOST_CC) if shutil.which(t) is None]
+    """Executables this module needs that are not on PATH (empty list: all present). On a riscv64
+    host QEMU is optional: only programs the hart cannot run need it."""
+    tools = (NATIVE_CLANG, NATIVE_GCC, HOST_CC) if current_host().native else (CLANG, GCC, QEMU, HOST_CC)
+    return [t for t in tools if shutil.which(t) is None]
 
 
 def runtime_files() -> list[Path]:
@@ -81,17 +235,25 @@ def inputs(compiler: str, *, host: bool = False, marches: Sequence[str] = ("rv64
     compiler command line per -march with COMMON_FLAGS, the compiler's identity, and (cross
     builds) the sysroot's libc/libm, which drivers link and whose headers they include."""
     argvs = [" ".join(_compiler_argv(compiler, m, host) + list(COMMON_FLAGS)) for m in marches]
-    libs = () if host else tuple(p for p in (SYSROOT / "lib" / "libc.a", SYSROOT / "lib" / "libm.a") if p.exists())
+    cross = not host and not current_host().native  # a riscv64 host builds against its own libc, not SYSROOT's
+    libs = tuple(p for p in (SYSROOT / "lib" / "libc.a", SYSROOT / "lib" / "libm.a") if p.exists()) if cross else ()
     return Inputs(libs, tuple(argvs), (_compiler_argv(compiler, "", host)[0],))
+
+
+def compiler_tool(compiler: str = "clang") -> str:
+    """The executable `compiler` ("clang" or "gcc") names on this machine (for cache keys)."""
+    return _compiler_argv(compiler, "", False)[0]
 
 
 def _compiler_argv(compiler: str, march: str, host: bool) -> list[str]:
     if host:
         return [HOST_CC]
+    native = current_host().native
     if compiler == "clang":
-        return [CLANG, "--target=riscv64-linux-gnu", "--gcc-toolchain=/usr", f"-march={march}"]
+        return [NATIVE_CLANG, f"-march={march}"] if native else [
+            CLANG, "--target=riscv64-linux-gnu", "--gcc-toolchain=/usr", f"-march={march}"]
     if compiler == "gcc":
-        return [GCC, f"-march={march}"]
+        return [NATIVE_GCC if native else GCC, f"-march={march}"]
     raise ValueError(f"unknown compiler {compiler!r} (expected 'clang' or 'gcc')")
 
 
@@ -124,19 +286,36 @@ def compile_ime_emu(out: Path, *, compiler: str = "clang") -> Path:
     return compile_c([RUNTIME_DIR / "ime_emu.c"], out, compiler=compiler, march="rv64gc")
 
 
-def run(exe: Path, args: Sequence[str] = (), *, vlen: int | None = 256, host: bool = False,
-        input: bytes | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run `exe` (under qemu-riscv64 unless host=True) and return the completed process.
+def launch(exe: str, *, vlen: int | None = 256, ime: bool = False, host: bool = False) -> list[str]:
+    """The command that runs riscv64 program `exe` on a hart of `vlen` (None: any; under QEMU its default)
+    that has IME if `ime`: qemu-riscv64 on another machine; on a riscv64 one, the program itself where the
+    hart can run it (IME programs pinned to the IME harts), else qemu-riscv64, else a HostError saying why.
+    host=True: `exe` was built for this machine."""
+    if host:
+        return [exe]
+    here = current_host()
+    if not here.native:
+        return [QEMU, "-L", str(SYSROOT), "-cpu", qemu_cpu(vlen), exe]
+    why = here.cannot_run(vlen, ime)
+    if why is None:
+        return (["taskset", "-c", hart_list(here.ime_harts)] if ime else []) + [exe]
+    if here.qemu:  # built against this machine's own libc: no -L
+        return [QEMU, "-cpu", qemu_cpu(vlen), exe]
+    raise HostError(f"not run on this machine: {why}, and {QEMU} is not installed to emulate such a hart "
+                    f"(install qemu-user)", [exe])
 
-    vlen=None keeps QEMU's default VLEN. stdout/stderr are returned as bytes.
-    Raises ToolchainError on non-zero exit, death by signal or timeout.
+
+def run(exe: Path, args: Sequence[str] = (), *, vlen: int | None = 256, ime: bool = False, host: bool = False,
+        input: bytes | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `exe` (see launch: under qemu-riscv64, natively on a riscv64 hart that can, or natively if
+    host=True) and return the completed process.
+
+    vlen=None keeps QEMU's default VLEN. ime=True: the program executes vmadot (matters on riscv64 hosts).
+    stdout/stderr are returned as bytes. Raises ToolchainError on non-zero exit, death by signal or timeout,
+    and HostError (nothing ran) where this machine cannot run it.
     """
     exe = str(Path(exe).resolve())  # a bare name would be looked up on PATH
-    if host:
-        cmd = [exe]
-    else:
-        cmd = [QEMU, "-L", str(SYSROOT), "-cpu", qemu_cpu(vlen), exe]
-    cmd += list(args)
+    cmd = launch(exe, vlen=vlen, ime=ime, host=host) + list(args)
     try:
         proc = _spawn(cmd, input=input, timeout=timeout)
     except subprocess.TimeoutExpired as e:

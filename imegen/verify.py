@@ -129,7 +129,7 @@ def run_cases(b: Build, cases: list[Case], *, vlen: int | None = 256) -> list[Re
     with tempfile.TemporaryDirectory() as tmp:
         inp, outp = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
         inp.write_bytes(_encode(b.plan, cases))
-        toolchain.run(b.exe, [str(inp), str(outp)], vlen=vlen, host=b.host)
+        toolchain.run(b.exe, [str(inp), str(outp)], vlen=vlen, host=b.host, ime=b.plan.spec.target == "ime")
         raw = outp.read_bytes()
     results, pos = [], 0
     for c in cases:
