@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .errors import Span, SpecError
 from .names import dispatch_files, dispatch_prefix, reserved_names
-from .parse import Block, Setting, parse_file, parse_text
+from .parse import Block, Setting, ValueList, parse_file, parse_text
 
 VECTOR_REGISTERS = 32
 IME_VLEN = 256  # K1/X60: vmadot's 4x8x4 int8 tile is defined for VLEN=256 only.
@@ -44,6 +44,12 @@ class KernelSpec:
     stage_b: str = "tile"  # int4 B unpacked by each tile | once per M block into the workspace (staged_b_refusal)
     spread: str = "group"  # the fold spreads scales over the accumulator lanes by one vrgather per LMUL-4 group | per register (spread_refusal)
     a_scale_type: str = "fp32"  # A's block scales: fp32 (MLAS CompInt8) | fp16, rounded up, A quantized with it (a_fp16_refusal)
+    # Routing in the custom-op library (the generated code does not depend on these): the weight shapes
+    # (N, K) the kernel was chosen for (empty: any), the fewest rows a gemm kernel is chosen for, and
+    # whether it only runs slices whose thread cannot reach an IME hart.
+    shapes: tuple[tuple[int, int], ...] = ()
+    min_rows: int = 2
+    fallback: bool = False
     source: Span | None = field(default=None, compare=False)
 
     def describe(self) -> str:
@@ -57,7 +63,14 @@ class KernelSpec:
             + (f" stage_b={self.stage_b}" if self.stage_b != "tile" else "")
             + (f" spread={self.spread}" if self.spread != "group" else "")
             + (f" a_scale_type={self.a_scale_type}" if self.a_scale_type != "fp32" else "")
+            + self.describe_routing()
         )
+
+    def describe_routing(self) -> str:
+        """The routing settings that differ from their defaults, as ` key=value` words."""
+        return ((f" shapes={','.join(f'{n}x{k}' for n, k in self.shapes)}" if self.shapes else "")
+                + (f" min_rows={self.min_rows}" if self.min_rows != 2 else "")
+                + (" fallback=yes" if self.fallback else ""))
 
 
 # key -> (field name, allowed values or a type). Order is the order shown in error messages.
@@ -80,12 +93,19 @@ _CHOICES: dict[str, tuple[str, object]] = {
     "stage_b": ("stage_b", ("tile", "m_block")),
     "spread": ("spread", ("group", "per_register")),
     "a_scale_type": ("a_scale_type", ("fp32", "fp16")),
+    "shapes": ("shapes", list),  # NxK weight shapes, comma-separated; each dimension in DIM_RANGE
+    "min_rows": ("min_rows", "rows"),  # in ROWS_RANGE
+    "fallback": ("fallback", ("yes", "no")),
 }
 
 # Ranges of the free-form numbers (the other numeric settings are choices above), with why.
 TILE_MAX = 256  # rvv at VLEN 1024 holds at most 256 fp32 columns (LMUL 8); scalar at most 256 accumulators
 TILE_RANGE = (1, TILE_MAX, "no target holds more than 256 accumulator rows or columns in registers")
 PANEL_RANGE = (1, TILE_MAX, "a panel is a multiple of the tile width (at most 256), and wider panels only pad N")
+
+MAX_DIM = 1 << 24  # IMEGEN_MAX_DIM: the largest M, N or K a generated kernel takes
+DIM_RANGE = (1, MAX_DIM, "imegen's kernels take M, N and K up to 2^24")
+ROWS_RANGE = (2, MAX_DIM, "a gemm kernel serves M > 1 rows (M = 1 is a gemv kernel's), up to 2^24")
 
 MAX_NAME = 200  # kernel names: file names are at most 255 bytes, and build folders add a suffix
 
@@ -105,6 +125,15 @@ def _check_value(s: Setting):
     if s.key not in _CHOICES:
         raise SpecError(s.span, f"unknown setting '{s.key}'; expected one of: {_fmt(_CHOICES)}")
     _, allowed = _CHOICES[s.key]
+    if allowed is list:
+        return _check_shapes(s)
+    if isinstance(s.value, ValueList):
+        raise SpecError(s.value_span, f"'{s.key}' takes one value, got a list of {len(s.value)}")
+    if allowed == "rows":
+        if not isinstance(s.value, int):
+            raise SpecError(s.value_span, f"'{s.key}' expects a number of rows, got {_shown(s.value)}")
+        _check_range(s, f"'{s.key}'", s.value, ROWS_RANGE)
+        return s.value
     if allowed is tuple:
         if not isinstance(s.value, tuple):
             raise SpecError(s.value_span, f"'{s.key}' expects a tile MxN such as 4x16, got {_shown(s.value)}")
@@ -120,6 +149,20 @@ def _check_value(s: Setting):
     if s.value not in allowed:
         raise SpecError(s.value_span, f"'{s.key}' must be one of: {_fmt(allowed)}; got {_shown(s.value)}")
     return s.value
+
+
+def _check_shapes(s: Setting) -> tuple[tuple[int, int], ...]:
+    """`shapes = NxK[, NxK ...]`: the weight shapes a kernel was chosen for, each N x K once."""
+    values = tuple(s.value) if isinstance(s.value, ValueList) else (s.value,)
+    for v in values:
+        if not isinstance(v, tuple):
+            raise SpecError(s.value_span, f"'{s.key}' expects weight shapes NxK such as 1152x896, got {_shown(v)}")
+        if not all(DIM_RANGE[0] <= d <= DIM_RANGE[1] for d in v):
+            raise SpecError(s.value_span, f"shape {v[0]}x{v[1]}: N and K must be 1..{MAX_DIM}: {DIM_RANGE[2]}")
+    if len(set(values)) != len(values):
+        twice = next(v for v in values if values.count(v) > 1)
+        raise SpecError(s.value_span, f"shape {twice[0]}x{twice[1]} is listed twice")
+    return values
 
 
 def _check_range(s: Setting, what: str, value: int, limits: tuple[int, int, str]) -> None:
@@ -310,8 +353,10 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
         field_name = _CHOICES[key][0]
         if key == "tile":
             kw["tile_m"], kw["tile_n"] = setting.value
-        elif key == "bias":
-            kw["bias"] = setting.value == "yes"
+        elif key in ("bias", "fallback"):
+            kw[key] = setting.value == "yes"
+        elif key == "shapes":
+            kw["shapes"] = _check_shapes(setting)
         else:
             kw[field_name] = setting.value
     spec = KernelSpec(name=name, source=span, **kw)
@@ -355,6 +400,12 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
         why = a_fp16_refusal(spec)
         if why:
             refuse("a_scale_type", why)
+    if spec.op == "gemv" and "min_rows" in s:
+        refuse("min_rows", "a gemv kernel serves M = 1; min_rows chooses among gemm kernels")
+    if spec.fallback and spec.target == "ime":
+        refuse("fallback", "a fallback kernel runs where no IME hart is reachable, so its target must be rvv or scalar")
+    if spec.fallback and spec.abi == "mlas":
+        refuse("fallback", "fallback kernels serve imegen's custom-op library (abi = imegen); MLAS has no IME routing")
     if spec.op == "gemv" and spec.tile_m != 1:
         refuse("tile", f"a gemv kernel computes one row at a time, so its tile must be 1xN, not {spec.tile_m}x{spec.tile_n}")
     if spec.panel % spec.tile_n:
@@ -426,6 +477,7 @@ def specs_from_blocks(blocks: list[Block], filename: str | None = None) -> list[
         raise SpecError(where, "the spec defines no kernel")
     if filename is not None and any(s.abi == "mlas" for s in specs):
         _check_dispatch_names(specs, filename)
+    _check_dispatch_vlens(specs)
     return specs
 
 
@@ -445,6 +497,22 @@ def _check_dispatch_names(specs: list[KernelSpec], filename: str) -> None:
             continue
         raise SpecError(spec.source, f"kernel '{spec.name}' would collide with {clash}, which {Path(filename).name} "
                         f"generates for its abi = mlas kernels: rename the kernel")
+
+
+def _check_dispatch_vlens(specs: list[KernelSpec]) -> None:
+    """A spec's abi = mlas kernels form one MLAS dispatch, whose supported() holds only where every one of
+    them runs: VLEN = 256 for IME, VLEN >= vlen for RVV. With IME fixing VLEN at 256, an RVV kernel that
+    needs more leaves no hart where MLAS would install the dispatch."""
+    mlas = [s for s in specs if s.abi == "mlas"]
+    ime = next((s for s in mlas if s.target == "ime"), None)
+    if ime is None:
+        return
+    for spec in mlas:
+        if spec.target == "rvv" and spec.vlen > IME_VLEN:
+            raise SpecError(spec.source, f"kernel '{spec.name}': needs VLEN >= {spec.vlen}, but it shares the MLAS "
+                            f"dispatch (all abi = mlas kernels of a spec) with IME kernel '{ime.name}', which runs only "
+                            f"at VLEN = {IME_VLEN}: the dispatch's supported() would be false on every hart; use "
+                            f"vlen <= {IME_VLEN}, or abi = imegen")
 
 
 def load_specs(path: str | Path) -> list[KernelSpec]:

@@ -36,10 +36,14 @@ _TERMINAL_NAMES = {
 }
 
 
+class ValueList(tuple):
+    """A setting's comma-separated values, e.g. `shapes = 1152x896, 896x896`."""
+
+
 @dataclass(frozen=True)
 class Setting:
     key: str
-    value: int | str | tuple[int, int]
+    value: int | str | tuple[int, int] | ValueList
     span: Span  # position of the key
     value_span: Span
 
@@ -123,14 +127,19 @@ def _int(text: str, filename: str, tok) -> int:
     return int(text)
 
 
-def _setting(node: lark.Tree, filename: str) -> Setting:
-    key, value_node = node.children
+def _value(value_node: lark.Tree, filename: str) -> int | str | tuple[int, int]:
     tok = value_node.children[0]
     if value_node.data == "tile":
         m, n = str(tok).split("x")
-        value: int | str | tuple[int, int] = (_int(m, filename, tok), _int(n, filename, tok))
-    elif value_node.data == "int":
-        value = _int(str(tok), filename, tok)
-    else:
-        value = str(tok)
-    return Setting(str(key), value, _span(filename, key), _span(filename, tok))
+        return (_int(m, filename, tok), _int(n, filename, tok))
+    if value_node.data == "int":
+        return _int(str(tok), filename, tok)
+    return str(tok)
+
+
+def _setting(node: lark.Tree, filename: str) -> Setting:
+    key, *value_nodes = node.children
+    values = tuple(_value(v, filename) for v in value_nodes)
+    # A comma-separated list is a ValueList (only list-valued keys such as `shapes` accept one).
+    value = values[0] if len(values) == 1 else ValueList(values)
+    return Setting(str(key), value, _span(filename, key), _span(filename, value_nodes[0].children[0]))

@@ -125,7 +125,7 @@ def test_every_numeric_setting_is_bounded():
     from imegen import ir
 
     for key, (_, allowed) in ir._CHOICES.items():
-        assert isinstance(allowed, tuple) or key in ("tile", "panel"), key
+        assert isinstance(allowed, tuple) or key in ("tile", "panel", "shapes", "min_rows"), key
 
 
 def test_tile_needs_tile_syntax():
@@ -362,3 +362,32 @@ def test_utf8_byte_order_mark_is_accepted(tmp_path):
     path = tmp_path / "bom.imegen"
     path.write_bytes(b"\xef\xbb\xbf" + kernel().encode())
     assert [s.name for s in load_specs(path)] == ["k"]
+
+
+# ------------------------------------------------------------------- routing keys (custom-op library)
+def test_routing_keys_parse_and_show_in_describe():
+    (s,) = specs_from_text(kernel("op = gemm", "target = rvv", "compute = int8", "tile = 2x16", "shapes = 1152x896, 896x4864",
+                                  "min_rows = 256", "fallback = yes"), FILE)
+    assert (s.shapes, s.min_rows, s.fallback) == (((1152, 896), (896, 4864)), 256, True)
+    assert s.describe().endswith(" shapes=1152x896,896x4864 min_rows=256 fallback=yes")
+    (plain,) = specs_from_text(kernel("op = gemm"), FILE)
+    assert (plain.shapes, plain.min_rows, plain.fallback) == ((), 2, False) and "shapes" not in plain.describe()
+
+
+@pytest.mark.parametrize("line, where, words", [
+    ("shapes = 4", "2:12", "expects weight shapes NxK"),
+    ("shapes = 0x5", "2:12", "N and K must be 1..16777216"),
+    (f"shapes = {2**24 + 1}x8", "2:12", "N and K must be 1..16777216"),
+    ("shapes = 8x8, 16x8, 8x8", "2:12", "shape 8x8 is listed twice"),
+    ("tile = 4x16, 4x8", "2:10", "'tile' takes one value, got a list of 2"),
+    ("min_rows = 1", "2:14", "'min_rows' must be 2..16777216"),
+    ("min_rows = 4x4", "2:14", "expects a number of rows"),
+])
+def test_routing_key_values_are_checked(line, where, words):
+    assert_error(kernel(line), where, words)
+
+
+def test_routing_keys_refused_where_they_mean_nothing():
+    assert_error(kernel("op = gemv", "min_rows = 4"), "3:3", "a gemv kernel serves M = 1")
+    assert_error(kernel("op = gemm", "target = ime", "compute = int8", "tile = 4x16", "fallback = yes"), "6:3",
+                 "its target must be rvv or scalar")

@@ -232,7 +232,7 @@ def imegen_session(riscv, model_path, version, tmp_path):
     m = onnx.load(str(model_path))
     decisions = rewrite.rewrite(m, specs)
     assert len(decisions) == sum(n.op_type == "MatMulNBits" for n in m.graph.node)
-    assert all(d.moved and d.detail == "q4_decode_ime, q4_prefill_ime" for d in decisions), decisions
+    assert all(d.moved and d.detail == "M=1 q4_decode_ime, M=2+ q4_prefill_ime" for d in decisions), decisions
     rewritten = tmp_path / "qwen-imegen.onnx"
     onnx.save(m, str(rewritten))
     return riscv.RiscvSession(rewritten, version=version, custom_ops=customop.build_library(specs, IME_SPEC))

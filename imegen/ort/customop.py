@@ -11,7 +11,7 @@ hardware). `serving_kernels` is the rule the library applies at session creation
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
 from pathlib import Path
 
 from .. import toolchain
@@ -20,12 +20,12 @@ from ..plan import KernelPlan, plan_kernel
 from ..render import _env, march_for, render_kernel
 from .. import cache
 from . import sysroot
+from .serving import NodeNeeds, serve, serving_kernels  # noqa: F401 (the library's rule, re-exported)
 
 DOMAIN = "ai.imegen"
 LIB_SOURCES = (Path(__file__).parent / "customop_lib.c", Path(__file__).parent / "customop_lib.h")
 FLAVOURS = ("hardware", "qemu")
 HEADER_VERSION = "1.21"  # the oldest supported ORT: its C API header serves it and every newer ORT
-COMPUTE_FOR_LEVEL = {0: "fp32", 1: "fp32", 4: "int8"}
 
 
 class CustomOpError(ValueError):
@@ -40,38 +40,17 @@ def library_plans(specs: list[KernelSpec]) -> list[KernelPlan]:
     return plans
 
 
-@dataclass(frozen=True)
-class NodeNeeds:
-    """What a MatMulNBits node asks of a kernel."""
-
-    bits: int
-    block: int
-    accuracy_level: int
-    asymmetric: bool
-    bias: bool
-    g_idx: bool = False
-    zero_points_uint8: bool = True
+def packing(plan: KernelPlan) -> tuple:
+    """What a kernel's pack_b bytes depend on: kernels that agree on it pack B identically, so one packed
+    copy serves them all (tests/test_serving.py compares the bytes of such pairs)."""
+    s = plan.spec
+    return (s.bits, s.block, s.zero_point, s.scales, s.scale_type, plan.pack, plan.blksum)
 
 
-def serving_kernels(specs: list[KernelSpec], need: NodeNeeds) -> tuple[list[str], str]:
-    """(kernel names serving the node: gemv first, then gemm; or [] with the reason)."""
-    if need.g_idx:
-        return [], "g_idx (act-order) is not supported"
-    if not need.zero_points_uint8:
-        return [], "float zero points are not supported (imegen takes ORT's packed uint8 ones)"
-    compute = COMPUTE_FOR_LEVEL.get(need.accuracy_level)
-    if compute is None:
-        return [], f"accuracy_level {need.accuracy_level} (imegen serves 0/1: fp32 compute, 4: int8)"
-    found = {}
-    for s in specs:
-        if (s.abi == "imegen" and s.bits == need.bits and s.block == need.block and s.compute == compute
-                and (s.zero_point == "asymmetric") == need.asymmetric and s.bias == need.bias):
-            found.setdefault(s.op, s.name)  # the library takes the first of each op, as here
-    if not found:
-        return [], (f"no kernel serves bits {need.bits}, block {need.block}, {compute} compute, "
-                    f"{'asymmetric' if need.asymmetric else 'symmetric'} zero points, "
-                    f"{'with' if need.bias else 'no'} bias")
-    return [found[op] for op in ("gemv", "gemm") if op in found], ""
+def layouts(plans: list[KernelPlan]) -> dict[str, int]:
+    """Kernel name -> a small id, equal for kernels whose packed B is byte-identical (packing())."""
+    ids: dict[tuple, int] = {}
+    return {p.name: ids.setdefault(packing(p), len(ids)) for p in plans}
 
 
 def render_library(plans: list[KernelPlan], spec_file: str) -> dict[str, str]:
@@ -79,22 +58,73 @@ def render_library(plans: list[KernelPlan], spec_file: str) -> dict[str, str]:
     for plan in plans:
         files.update(render_kernel(plan, spec_file))
     files["customop_kernels.c"] = _env().get_template("customop_kernels.c.j2").render(
-        plans=plans, spec_file=spec_file, domain=DOMAIN)
+        plans=plans, spec_file=spec_file, domain=DOMAIN, layouts=layouts(plans))
     return files
 
 
-def build_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour: str = "qemu") -> Path:
-    """Build (cached by every input) the custom-op shared library; returns its path."""
+MIN_ORT_API = 21  # the oldest ORT C API the library is built and tested against (ORT 1.21)
+C_API_HEADER = "onnxruntime_c_api.h"
+# A riscv64 machine's own ORT headers (Debian's libonnxruntime-dev, or a build installed under /usr)
+SYSTEM_ORT_INCLUDES = (Path("/usr/include/onnxruntime"), Path("/usr/include"))
+
+
+def ort_api_version(header: Path) -> int | None:
+    """ORT_API_VERSION as `header` defines it (None: it does not)."""
+    m = re.search(r"^[ \t]*#[ \t]*define[ \t]+ORT_API_VERSION[ \t]+(\d+)", header.read_text(errors="replace"), re.M)
+    return int(m.group(1)) if m else None
+
+
+def checked_ort_include(folder: Path | str) -> Path:
+    """`folder` if it holds an ORT C API header of API version MIN_ORT_API or newer; else a CustomOpError."""
+    folder = Path(folder)
+    header = folder / C_API_HEADER
+    if not header.is_file():
+        what = "no such folder" if not folder.is_dir() else f"no {C_API_HEADER} in it"
+        raise CustomOpError(f"ORT include folder {folder}: {what} (give the folder holding ONNX Runtime's "
+                            f"{C_API_HEADER}, e.g. /usr/include/onnxruntime)")
+    version = ort_api_version(header)
+    if version is None:
+        raise CustomOpError(f"{header}: no ORT_API_VERSION define: not ONNX Runtime's C API header")
+    if version < MIN_ORT_API:
+        raise CustomOpError(f"{header}: ORT_API_VERSION {version}, but the library uses ORT C API {MIN_ORT_API} "
+                            f"calls: build against the headers of ORT 1.{MIN_ORT_API} or newer")
+    return folder
+
+
+def ort_include_dir(ort_include: Path | str | None = None) -> Path:
+    """The folder of the onnxruntime_c_api.h the library is built against: the one given (checked); else, on a
+    riscv64 machine, the system's own if it has one; else Debian's ORT 1.21 header (fetched once, cached)."""
+    if ort_include is not None:
+        return checked_ort_include(ort_include)
+    if toolchain.current_host().native:
+        for folder in SYSTEM_ORT_INCLUDES:
+            if (folder / C_API_HEADER).is_file():
+                return checked_ort_include(folder)
+    return sysroot.include_dir(sysroot.ensure(HEADER_VERSION))
+
+
+def ort_headers(folder: Path) -> tuple[Path, ...]:
+    """The C API header and the headers of its folder it includes (ORT 1.23's includes onnxruntime_ep_c_api.h)."""
+    header = folder / C_API_HEADER
+    named = re.findall(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', header.read_text(errors="replace"), re.M)
+    return (header, *(folder / n for n in sorted(set(named)) if (folder / n).is_file()))
+
+
+def build_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour: str = "qemu",
+                  ort_include: Path | str | None = None) -> Path:
+    """Build (cached by every input) the custom-op shared library; returns its path. `ort_include`: the folder
+    of the ORT onnxruntime_c_api.h to build against (see ort_include_dir); the library then asks ORT for
+    that header's API version, so it loads in that ORT and newer ones."""
     if flavour not in FLAVOURS:
         raise CustomOpError(f"unknown library flavour {flavour!r} (expected {' or '.join(FLAVOURS)})")
     plans = library_plans(specs)
     files = render_library(plans, Path(spec_file).name)
-    include = sysroot.include_dir(sysroot.ensure(HEADER_VERSION))
+    include = ort_include_dir(ort_include)
     emulate = flavour == "qemu" and any(p.spec.target == "ime" for p in plans)
-    inputs = cache.Inputs(files=(*LIB_SOURCES, Path(__file__), include / "onnxruntime_c_api.h",  # this file: the recipe
+    inputs = cache.Inputs(files=(*LIB_SOURCES, Path(__file__), *ort_headers(include),  # this file: the recipe
                                  *toolchain.runtime_files()),
                           strings=(repr(sorted(files.items())), flavour, repr(toolchain.COMMON_FLAGS)),
-                          tools=(toolchain.CLANG,))
+                          tools=(toolchain.compiler_tool("clang"),))
     name = f"libimegen_ort{'_qemu' if flavour == 'qemu' else ''}.so"
 
     def fill(d: Path) -> None:
@@ -121,7 +151,8 @@ def build_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour
 
 
 def parse_stats(text: str) -> dict[str, int]:
-    """imegen_ort_stats() text -> {kernel name: calls, ..., "vmadots": n (qemu flavour with IME)}."""
+    """imegen_ort_stats() text -> {kernel name: calls, ..., "vmadots": n (qemu flavour with IME),
+    "slices_on_ime" / "slices_pinned" / "slices_fallback": IME slices by where they ran}."""
     out = {}
     for line in text.splitlines():
         parts = line.split()
@@ -129,4 +160,21 @@ def parse_stats(text: str) -> dict[str, int]:
             out[parts[0]] = int(parts[2])
         elif len(parts) == 2 and parts[0] == "vmadots":
             out["vmadots"] = int(parts[1])
+        elif len(parts) == 7 and parts[0] == "ime_slices":
+            out.update({f"slices_{parts[i]}": int(parts[i + 1]) for i in (1, 3, 5)})
     return out
+
+
+def parse_routes(text: str) -> dict[str, str]:
+    """imegen_ort_stats() text -> {node name: the kernels it runs, as serving.Serving.describe() words}."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("route "):
+            node, _, route = line[len("route "):].partition(": ")
+            out[node] = route
+    return out
+
+
+def ime_harts(text: str) -> str:
+    """imegen_ort_stats() text -> its "ime_harts" line's value, e.g. "0-3 (from /proc/cpuinfo marchid)"."""
+    return next((line.split(" ", 1)[1] for line in text.splitlines() if line.startswith("ime_harts ")), "")

@@ -1,19 +1,31 @@
 /* imegen's ONNX Runtime custom-op library: MatMulNBits in domain IMEGEN_DOMAIN on imegen kernels.
  *
  * Load it with SessionOptions.register_custom_ops_library (Python) or RegisterCustomOpsLibrary_V2 (C);
- * `imegen ort-rewrite` moves a model's com.microsoft MatMulNBits nodes into the domain. At session
- * creation each node is matched to the kernel table (bits, block size, accuracy level -> compute type,
- * zero points, bias) and B/scales/zero points, which must be constant initializers, are packed once per
- * kernel; nodes nothing serves, or kernels the hart cannot run (VLEN), fail the session with a message
- * naming the node. B is packed in SLICES column slices; a Run quantizes A once and runs the slices on ORT's
- * intra-op pool (KernelContext_ParallelFor), each streaming only its own columns of B.
- * IMEGEN_IME_EMULATION (the QEMU flavour, never the hardware build) links the SIGILL IME emulator. */
+ * `imegen ort-rewrite` / `imegen ort-accelerate` move a model's com.microsoft MatMulNBits nodes into the
+ * domain. At session creation each node is matched to the kernel table by imegen/ort/serving.py's rule
+ * (bits, block size, accuracy level -> compute type, zero points, bias; then the node's weight shape and,
+ * per Run, its rows of A), and B/scales/zero points, which must be constant initializers, are packed once
+ * per packing layout; nodes nothing serves, or kernels the hart cannot run (VLEN), fail the session with a
+ * message naming the node. B is packed in SLICES column slices; a Run quantizes A once and runs the slices
+ * on ORT's intra-op pool (KernelContext_ParallelFor), each streaming only its own columns of B.
+ *
+ * IME exists only on some harts (a K1's cores 0-3). The library finds them at load (/proc/cpuinfo marchid,
+ * or IMEGEN_IME_HARTS) and runs an IME slice only on a thread confined to them: it pins the thread there
+ * for the slice, or, where it cannot, runs the node's fallback kernel (rvv) for that slice. It never issues
+ * a vmadot elsewhere. IMEGEN_IME_EMULATION (the QEMU flavour, never the hardware build) links the SIGILL
+ * IME emulator, which gives every hart IME unless IMEGEN_IME_HARTS says otherwise. */
+#define _GNU_SOURCE /* sched_setaffinity, cpu_set_t */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "customop_lib.h"
+#include "harts.h"
 #include "onnxruntime_c_api.h"
 #ifdef IMEGEN_IME_EMULATION
 #include "ime_emu.h"
@@ -25,31 +37,118 @@
 #define MAX_KERNELS 256
 /* Column slices of a node's B: one per IME core of a K1 (cores 0-3), the threads ORT should run there. */
 #define SLICES 4
+/* Kernels one node may run: a gemv, gemm kernels for different row counts, a fallback. */
+#define NODE_KERNELS 8
 
 enum { IN_A, IN_B, IN_SCALES, IN_ZP, IN_GIDX, IN_BIAS, N_INPUTS };
+/* matmul status codes of the library's own (negative: never a kernel's) */
+enum { ST_NO_MEMORY = -1, ST_NO_IME_HART = -2 };
+
+typedef struct imegen_kernel_entry kernel_t;
 
 static const OrtApi *ort;
 static unsigned long calls[MAX_KERNELS];
-static char stats_text[64 * MAX_KERNELS];
+
+/* ----------------------------------------------------------------------------------------- IME harts */
+static cpu_set_t ime_harts;
+static int ime_hart_count;
+static char ime_harts_from[160]; /* where the set came from, for imegen_ort_stats() and messages */
+static unsigned long slices_on_ime, slices_pinned, slices_fallback;
+
+static void set_source(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ime_harts_from, sizeof ime_harts_from, fmt, ap);
+    va_end(ap);
+}
+
+/* "0-3" for the set (at most `size` bytes). */
+static void format_harts(const cpu_set_t *set, char *out, size_t size) {
+    size_t at = 0;
+    out[0] = 0;
+    for (int h = 0; h < CPU_SETSIZE && at < size; h++) {
+        if (!CPU_ISSET(h, set) || (h > 0 && CPU_ISSET(h - 1, set))) continue;
+        int last = h;
+        while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, set)) last++;
+        at += (size_t)snprintf(out + at, size - at, last > h ? "%s%d-%d" : "%s%d", at ? "," : "", h, last);
+    }
+    if (!out[0]) snprintf(out, size, "none");
+}
+
+/* Which harts may run vmadot; NULL, or an error message for a malformed IMEGEN_IME_HARTS. */
+static const char *find_ime_harts(void) {
+    CPU_ZERO(&ime_harts);
+    const char *env = getenv(IMEGEN_IME_HARTS_ENV);
+    if (env) {
+        if (imegen_parse_harts(env, &ime_harts)) return "is not a hart list (e.g. 0-3, 0,2, or none)";
+        set_source("%s", IMEGEN_IME_HARTS_ENV);
+    } else {
+#ifdef IMEGEN_IME_EMULATION
+        long harts = sysconf(_SC_NPROCESSORS_CONF);
+        for (long h = 0; h < harts && h < CPU_SETSIZE; h++) CPU_SET(h, &ime_harts);
+        set_source("the IME emulator (every hart)");
+#else
+        FILE *f = fopen("/proc/cpuinfo", "r");
+        const int reported = f ? imegen_harts_from_cpuinfo(f, &ime_harts) : 0;
+        if (f) fclose(f);
+        set_source(reported ? "/proc/cpuinfo marchid" : "/proc/cpuinfo (no marchid: not a SpacemiT K1?)");
+#endif
+    }
+    ime_hart_count = CPU_COUNT(&ime_harts);
+    return NULL;
+}
+
+/* Confine the calling thread to IME harts for one slice: 0 when it already is, 1 when pinned now (*saved
+ * holds its mask to restore), -1 when it cannot be (no IME hart, or the system refuses the mask). */
+static int enter_ime_harts(cpu_set_t *saved) {
+    if (!ime_hart_count || sched_getaffinity(0, sizeof *saved, saved)) return -1;
+    cpu_set_t outside, target;
+    CPU_XOR(&outside, saved, &ime_harts);
+    CPU_AND(&outside, &outside, saved);
+    if (!CPU_COUNT(&outside)) return 0;
+    CPU_AND(&target, saved, &ime_harts); /* the IME harts it may already use, else all of them */
+    if (!CPU_COUNT(&target)) target = ime_harts;
+    return sched_setaffinity(0, sizeof target, &target) ? -1 : 1;
+}
+
+/* ------------------------------------------------------------------------------------------- nodes */
+struct packed {
+    int layout;
+    void *slice[SLICES]; /* each column slice packed on its own */
+};
 
 struct node {
     char name[256];
     size_t N, K;
     int has_bias;
-    const struct imegen_kernel_entry *gemv, *gemm; /* M = 1 and M > 1 (the same one if only one serves) */
-    size_t slices, width;                           /* column slices of B: width columns each, the last the rest */
-    void *packed_gemv[SLICES], *packed_gemm[SLICES]; /* each slice packed on its own */
+    const kernel_t *gemv;             /* M = 1 (NULL: the gemm rule) */
+    const kernel_t *gemm[NODE_KERNELS]; /* M > 1: ascending min_rows, the last with min_rows <= M */
+    size_t n_gemm;
+    const kernel_t *fallback;         /* slices that cannot reach an IME hart (NULL: none) */
+    size_t slices, width;             /* column slices of B: width columns each, the last the rest */
+    struct packed packs[NODE_KERNELS];
+    size_t n_packs;
+    const uint8_t *b;                 /* ORT's constant initializers: the fallback packs from them late */
+    const float *scales;
+    const uint8_t *zp;
+    pthread_mutex_t lock;             /* the fallback's late packing */
+    struct node *next;                /* every live node, for imegen_ort_stats() */
 };
+
+static struct node *live_nodes;
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
 
 struct slices_job {
     const struct node *node;
-    const struct imegen_kernel_entry *k;
+    const kernel_t *k;
     void *const *packed;
-    const void *workspace; /* A, quantized once per Run; the slices only read it */
+    const float *A;        /* the fallback quantizes its own */
+    const void *workspace; /* A, quantized once per Run by k; k's slices only read it */
     const float *bias;
     float *C;
     size_t M;
     int status;
+    int fell_back; /* some slice ran on the fallback kernel */
 };
 
 static OrtStatus *fail(OrtErrorCode code, const char *fmt, ...) {
@@ -120,56 +219,165 @@ static OrtStatus *constant(const OrtKernelInfo *info, const struct node *n, size
     return tensor_data(v, data);
 }
 
-static const struct imegen_kernel_entry *find(int gemv, int bits, int block, int int8, int asym, int bias) {
-    for (size_t i = 0; i < imegen_kernel_count; i++) {
-        const struct imegen_kernel_entry *k = &imegen_kernels[i];
-        if (k->gemv == gemv && k->bits == bits && k->block == block && k->int8_compute == int8 &&
-            k->asymmetric == asym && k->bias == bias)
-            return k;
-    }
-    return NULL;
+/* ------------------------------------------------------------------------------- kernel selection */
+/* What a node asks of its kernels (imegen/ort/serving.py's NodeNeeds). */
+struct needs {
+    int bits, block, int8, asym, bias;
+    size_t N, K;
+};
+
+static int is_ime(const kernel_t *k) { return !strcmp(k->target, "ime"); }
+
+static int matches(const kernel_t *k, const struct needs *q) {
+    return k->bits == q->bits && k->block == q->block && k->int8_compute == q->int8 && k->asymmetric == q->asym &&
+           k->bias == q->bias;
 }
 
-static OrtStatus *check_hart(const struct node *n, const struct imegen_kernel_entry *k) {
+static int chosen_for_shape(const kernel_t *k, const struct needs *q) {
+    for (size_t i = 0; i < k->n_shapes; i++)
+        if (k->shapes[2 * i] == q->N && k->shapes[2 * i + 1] == q->K) return 1;
+    return 0;
+}
+
+enum kind { GEMV, GEMM, FALLBACK };
+
+static int of_kind(const kernel_t *k, enum kind kind) {
+    return kind == FALLBACK ? k->fallback : !k->fallback && k->gemv == (kind == GEMV);
+}
+
+/* The node's kernels of one kind in spec order: those chosen for its shape, else those chosen for none. */
+static size_t candidates(const struct needs *q, enum kind kind, const kernel_t **out) {
+    size_t count = 0;
+    for (int generic = 0; generic < 2 && !count; generic++)
+        for (size_t i = 0; i < imegen_kernel_count && count < MAX_KERNELS; i++) {
+            const kernel_t *k = &imegen_kernels[i];
+            if (matches(k, q) && of_kind(k, kind) && (generic ? k->n_shapes == 0 : chosen_for_shape(k, q)))
+                out[count++] = k;
+        }
+    return count;
+}
+
+/* gemv, the gemm kernels (the spec's first per min_rows, ascending) and, for IME, the fallback. */
+static void choose(struct node *n, const struct needs *q) {
+    const kernel_t *found[MAX_KERNELS];
+    n->gemv = candidates(q, GEMV, found) ? found[0] : NULL;
+    size_t count = candidates(q, GEMM, found);
+    n->n_gemm = 0;
+    for (size_t i = 0; i < count && n->n_gemm < NODE_KERNELS - 2; i++) {
+        size_t at = n->n_gemm, dup = 0;
+        for (size_t j = 0; j < n->n_gemm; j++) dup |= n->gemm[j]->min_rows == found[i]->min_rows;
+        if (dup) continue;
+        while (at > 0 && n->gemm[at - 1]->min_rows > found[i]->min_rows) n->gemm[at] = n->gemm[at - 1], at--;
+        n->gemm[at] = found[i], n->n_gemm++;
+    }
+    int ime = n->gemv && is_ime(n->gemv);
+    for (size_t i = 0; i < n->n_gemm; i++) ime |= is_ime(n->gemm[i]);
+    n->fallback = ime && candidates(q, FALLBACK, found) ? found[0] : NULL;
+}
+
+static const kernel_t *kernel_for(const struct node *n, size_t M) {
+    if (M == 1 && n->gemv) return n->gemv;
+    const kernel_t *best = NULL;
+    for (size_t i = 0; i < n->n_gemm; i++)
+        if (n->gemm[i]->min_rows <= M) best = n->gemm[i];
+    return best ? best : n->n_gemm ? n->gemm[0] : n->gemv;
+}
+
+/* kernel_for on this process's harts: with no IME hart, the fallback (or a kernel that is not IME). */
+static const kernel_t *runnable_kernel_for(const struct node *n, size_t M) {
+    const kernel_t *k = kernel_for(n, M);
+    if (!is_ime(k) || ime_hart_count) return k;
+    if (n->fallback) return n->fallback;
+    if (n->gemv && !is_ime(n->gemv)) return n->gemv;
+    for (size_t i = 0; i < n->n_gemm; i++)
+        if (!is_ime(n->gemm[i])) return n->gemm[i];
+    return NULL; /* create() refuses such a node */
+}
+
+/* The kernels a Run may use on this process's harts: IME ones only where some hart has IME. */
+static size_t runnable(const struct node *n, const kernel_t **out) {
+    size_t count = 0;
+    const kernel_t *all[NODE_KERNELS + 2];
+    size_t total = 0;
+    if (n->gemv) all[total++] = n->gemv;
+    for (size_t i = 0; i < n->n_gemm; i++) all[total++] = n->gemm[i];
+    for (size_t i = 0; i < total; i++)
+        if (!is_ime(all[i]) || ime_hart_count) out[count++] = all[i];
+    if (n->fallback && (!ime_hart_count || count < total)) out[count++] = n->fallback;
+    return count;
+}
+
+/* ------------------------------------------------------------------------------------------ packing */
+static OrtStatus *check_hart(const struct node *n, const kernel_t *k) {
     if (k->supported()) return NULL;
-    if (!strcmp(k->target, "ime"))
-        return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': kernel %s uses SpacemiT IME (vmadot, VLEN 256), which this "
-                    "hart lacks; on a K1 run on the IME cores (taskset -c 0-3)", n->name, k->name);
+    if (is_ime(k))
+        return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': kernel %s uses SpacemiT IME (vmadot, VLEN 256), and this "
+                    "hart's VLEN is not 256", n->name, k->name);
     return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': kernel %s needs RVV with VLEN >= %d, which this hart lacks",
                 n->name, k->name, k->vlen);
 }
 
-/* B's column slices, each packed on its own: ORT's B, scales and zero points are [N][...] arrays, so a slice's
- * columns are one contiguous run of each. */
-static OrtStatus *pack(const struct node *n, const struct imegen_kernel_entry *k, const uint8_t *b,
-                       const float *scales, const uint8_t *zp, void **out) {
+static void **packed_slices(struct node *n, int layout) {
+    for (size_t i = 0; i < n->n_packs; i++)
+        if (n->packs[i].layout == layout) return n->packs[i].slice;
+    return NULL;
+}
+
+/* B's column slices packed for k (once per layout): ORT's B, scales and zero points are [N][...] arrays, so a
+ * slice's columns are one contiguous run of each. */
+static OrtStatus *pack(struct node *n, const kernel_t *k) {
     TRY(check_hart(n, k));
+    if (packed_slices(n, k->layout)) return NULL;
 #ifdef IMEGEN_IME_EMULATION
     static int installed;
-    if (!strcmp(k->target, "ime") && !__atomic_exchange_n(&installed, 1, __ATOMIC_SEQ_CST)) imegen_ime_emu_install();
+    if (is_ime(k) && !__atomic_exchange_n(&installed, 1, __ATOMIC_SEQ_CST)) imegen_ime_emu_install();
 #endif
+    struct packed *p = &n->packs[n->n_packs];
     const size_t kb = (n->K + (size_t)k->block - 1) / (size_t)k->block, blob = (size_t)(k->block * k->bits / 8);
     const size_t zstride = (kb * (size_t)k->bits + 7) / 8;
     for (size_t i = 0; i < n->slices; i++) {
         const size_t n0 = i * n->width, cols = n->N - n0 < n->width ? n->N - n0 : n->width;
-        out[i] = malloc(k->packed_b_size(cols, n->K) + 1); /* malloc's alignment: packed B must be 8-byte aligned */
-        if (!out[i]) return fail(ORT_FAIL, "imegen: node '%s': out of memory packing B", n->name);
-        k->pack_b(cols, n->K, b + n0 * kb * blob, scales + n0 * kb, zp ? zp + n0 * zstride : NULL, out[i]);
+        p->slice[i] = malloc(k->packed_b_size(cols, n->K) + 1); /* malloc's alignment: packed B must be 8-byte aligned */
+        if (!p->slice[i]) {
+            for (size_t j = 0; j < i; j++) free(p->slice[j]);
+            return fail(ORT_FAIL, "imegen: node '%s': out of memory packing B", n->name);
+        }
+        k->pack_b(cols, n->K, n->b + n0 * kb * blob, n->scales + n0 * kb, n->zp ? n->zp + n0 * zstride : NULL,
+                  p->slice[i]);
     }
+    p->layout = k->layout;
+    n->n_packs++;
     return NULL;
+}
+
+static void forget(struct node *n) {
+    pthread_mutex_lock(&live_lock);
+    for (struct node **at = &live_nodes; *at; at = &(*at)->next)
+        if (*at == n) {
+            *at = n->next;
+            break;
+        }
+    pthread_mutex_unlock(&live_lock);
 }
 
 static void destroy(void *p) {
     struct node *n = p;
     if (!n) return;
-    for (size_t i = 0; i < SLICES; i++) {
-        if (n->packed_gemm[i] != n->packed_gemv[i]) free(n->packed_gemm[i]);
-        free(n->packed_gemv[i]);
-    }
+    forget(n);
+    for (size_t i = 0; i < n->n_packs; i++)
+        for (size_t s = 0; s < SLICES; s++) free(n->packs[i].slice[s]);
+    pthread_mutex_destroy(&n->lock);
     free(n);
 }
 
 static size_t gcd(size_t a, size_t b) { return b ? gcd(b, a % b) : a; }
+
+static OrtStatus *no_ime_hart(const struct node *n, const kernel_t *k) {
+    return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': kernel %s uses SpacemiT IME, and no hart has it here (IME "
+                "harts from %s: none), and %s has no fallback kernel (fallback = yes) for this node. On a K1 IME is on "
+                "cores 0-3; set %s=0-3 if this system hides marchid", n->name, k->name, ime_harts_from,
+                imegen_spec_file, IMEGEN_IME_HARTS_ENV);
+}
 
 static OrtStatus *create(const OrtKernelInfo *info, struct node *n) {
     size_t size = sizeof n->name, count = 0;
@@ -182,36 +390,39 @@ static OrtStatus *create(const OrtKernelInfo *info, struct node *n) {
     if (K <= 0 || N <= 0 || block <= 0)
         return fail(ORT_INVALID_GRAPH, "imegen: node '%s': attributes K, N and block_size must be positive", n->name);
     n->K = (size_t)K, n->N = (size_t)N;
-    const int asym = present(info, count, IN_ZP);
     n->has_bias = present(info, count, IN_BIAS);
     if (present(info, count, IN_GIDX))
         return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': g_idx (act-order) is not supported", n->name);
-    if (level != 0 && level != 1 && level != 4)
-        return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': accuracy_level %lld (imegen serves 0/1: fp32, 4: int8)",
-                    n->name, (long long)level);
-    const int int8 = level == 4;
-    n->gemv = find(1, (int)bits, (int)block, int8, asym, n->has_bias);
-    n->gemm = find(0, (int)bits, (int)block, int8, asym, n->has_bias);
-    if (!n->gemv && !n->gemm)
+    if (level < 0 || level > 4)
+        return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': accuracy_level %lld is not one of ORT's 0-4", n->name,
+                    (long long)level);
+    /* Levels 0-3 compute in fp32 (ORT's CPU has no fp16/bf16 path for them), level 4 in int8. */
+    const struct needs q = {(int)bits, (int)block, level == 4, present(info, count, IN_ZP), n->has_bias, n->N, n->K};
+    choose(n, &q);
+    if (!n->gemv && !n->n_gemm)
         return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': no kernel in %s serves bits %lld, block_size %lld, %s "
                     "compute, %s zero points, %s bias", n->name, imegen_spec_file, (long long)bits, (long long)block,
-                    int8 ? "int8" : "fp32", asym ? "asymmetric" : "symmetric", n->has_bias ? "with" : "no");
-    if (!n->gemv) n->gemv = n->gemm;
-    if (!n->gemm) n->gemm = n->gemv;
+                    q.int8 ? "int8" : "fp32", q.asym ? "asymmetric" : "symmetric", n->has_bias ? "with" : "no");
     const size_t k_blocks = (n->K + (size_t)block - 1) / (size_t)block;
     const void *b, *scales, *zp = NULL;
     TRY(constant(info, n, IN_B, "B", ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, n->N * k_blocks * (size_t)(block * bits / 8), &b));
     TRY(constant(info, n, IN_SCALES, "scales", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, n->N * k_blocks, &scales));
-    if (asym)
+    if (q.asym)
         TRY(constant(info, n, IN_ZP, "zero_points (uint8)", ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8,
                      n->N * ((k_blocks * (size_t)bits + 7) / 8), &zp));
-    /* Slices of whole panels of both kernels (no padding inside a row of slices), at most SLICES of them. */
-    const size_t pv = (size_t)n->gemv->panel, pm = (size_t)n->gemm->panel, unit = pv / gcd(pv, pm) * pm;
+    n->b = b, n->scales = scales, n->zp = zp;
+    const kernel_t *use[NODE_KERNELS + 2];
+    const size_t n_use = runnable(n, use);
+    if (!runnable_kernel_for(n, 1) || (n->n_gemm && !runnable_kernel_for(n, n->gemm[n->n_gemm - 1]->min_rows)))
+        return no_ime_hart(n, n->gemv ? n->gemv : n->gemm[0]);
+    /* Slices of whole panels of every kernel the node may run (no padding inside a row of slices). */
+    size_t unit = 1;
+    for (size_t i = 0; i < n_use; i++) unit = unit / gcd(unit, (size_t)use[i]->panel) * (size_t)use[i]->panel;
+    if (n->fallback) unit = unit / gcd(unit, (size_t)n->fallback->panel) * (size_t)n->fallback->panel;
     n->width = ((n->N + SLICES - 1) / SLICES + unit - 1) / unit * unit;
     n->slices = (n->N + n->width - 1) / n->width;
-    TRY(pack(n, n->gemv, b, scales, zp, n->packed_gemv));
-    if (n->gemm == n->gemv) memcpy(n->packed_gemm, n->packed_gemv, sizeof n->packed_gemm);
-    else TRY(pack(n, n->gemm, b, scales, zp, n->packed_gemm));
+    for (size_t i = 0; i < n_use; i++)
+        if (use[i] != n->fallback || !ime_hart_count) TRY(pack(n, use[i])); /* with IME harts the fallback packs late */
     return NULL;
 }
 
@@ -220,29 +431,95 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
     (void)op, (void)api;
     struct node *n = calloc(1, sizeof *n);
     if (!n) return fail(ORT_FAIL, "imegen: out of memory");
+    pthread_mutex_init(&n->lock, NULL);
     OrtStatus *st = create(info, n);
     if (st) {
         destroy(n);
         return st;
     }
+    pthread_mutex_lock(&live_lock);
+    n->next = live_nodes, live_nodes = n;
+    pthread_mutex_unlock(&live_lock);
     *kernel = n;
     return NULL;
 }
 
-static void run_slice(void *p, size_t i) {
-    struct slices_job *j = p;
+/* ------------------------------------------------------------------------------------------- Run */
+static void count_call(const kernel_t *k) { __atomic_fetch_add(&calls[k - imegen_kernels], 1, __ATOMIC_RELAXED); }
+
+static size_t slice_columns(const struct node *n, size_t i, size_t *n0) {
+    *n0 = i * n->width;
+    return n->N - *n0 < n->width ? n->N - *n0 : n->width;
+}
+
+/* Slice i on the Run's kernel, from the workspace prepare_a filled. */
+static int run_prepared(const struct slices_job *j, size_t i) {
     const struct node *n = j->node;
-    const size_t n0 = i * n->width, cols = n->N - n0 < n->width ? n->N - n0 : n->width;
-    const size_t scratch_bytes = j->k->scratch_size(n->K);
+    size_t n0;
+    const size_t cols = slice_columns(n, i, &n0), scratch_bytes = j->k->scratch_size(n->K);
     void *scratch = scratch_bytes ? malloc(scratch_bytes) : NULL; /* a staged B: its own per slice */
-    if (scratch_bytes && !scratch) {
-        __atomic_store_n(&j->status, -1, __ATOMIC_RELAXED);
-        return;
-    }
+    if (scratch_bytes && !scratch) return ST_NO_MEMORY;
     const int status = j->k->matmul_prepared(j->M, cols, n->K, j->packed[i], j->bias ? j->bias + n0 : NULL, j->C + n0,
                                              n->N, j->workspace, scratch);
-    if (status) __atomic_store_n(&j->status, status, __ATOMIC_RELAXED);
     free(scratch);
+    return status;
+}
+
+/* Slice i on the fallback kernel, which quantizes its own A (its workspace layout is its own). */
+static int run_fallback(const struct slices_job *j, size_t i) {
+    struct node *n = (struct node *)j->node; /* the late pack writes n->packs under n->lock */
+    const kernel_t *k = n->fallback;
+    pthread_mutex_lock(&n->lock);
+    void **packed = packed_slices(n, k->layout);
+    if (!packed) {
+        OrtStatus *st = pack(n, k);
+        if (st) ort->ReleaseStatus(st);
+        packed = packed_slices(n, k->layout);
+    }
+    pthread_mutex_unlock(&n->lock);
+    if (!packed) return ST_NO_MEMORY;
+    size_t n0;
+    const size_t cols = slice_columns(n, i, &n0), ws_bytes = k->workspace_size(j->M, n->K);
+    void *ws = malloc(ws_bytes ? ws_bytes : 1);
+    if (!ws) return ST_NO_MEMORY;
+    const int status = k->matmul(j->M, cols, n->K, j->A, n->K, packed[i], j->bias ? j->bias + n0 : NULL, j->C + n0,
+                                 n->N, ws);
+    free(ws);
+    return status;
+}
+
+static void run_slice(void *p, size_t i) {
+    struct slices_job *j = p;
+    int status;
+    if (!is_ime(j->k)) {
+        status = run_prepared(j, i);
+    } else {
+        cpu_set_t saved;
+        const int how = enter_ime_harts(&saved);
+        if (how >= 0) {
+            status = run_prepared(j, i);
+            if (how == 1) sched_setaffinity(0, sizeof saved, &saved);
+            __atomic_fetch_add(how ? &slices_pinned : &slices_on_ime, 1, __ATOMIC_RELAXED);
+        } else if (j->node->fallback) {
+            status = run_fallback(j, i);
+            __atomic_store_n(&j->fell_back, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&slices_fallback, 1, __ATOMIC_RELAXED);
+        } else {
+            status = ST_NO_IME_HART;
+        }
+    }
+    if (status) __atomic_store_n(&j->status, status, __ATOMIC_RELAXED);
+}
+
+static const char *status_text(int status) {
+    switch (status) {
+    case 1: return ": VLEN not accepted on this hart";
+    case 3: return ": an A block's max |a| exceeds 127 x 65504, or A holds a NaN (fp16 A scales)";
+    case ST_NO_MEMORY: return ": out of memory";
+    case ST_NO_IME_HART: return ": this thread cannot run on an IME hart (sched_setaffinity refused), and the spec "
+                                "has no fallback kernel for the node";
+    default: return "";
+    }
 }
 
 static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
@@ -279,8 +556,10 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
     OrtValue *c_value;
     TRY(ort->KernelContext_GetOutput(ctx, 0, dims, rank, &c_value));
     if (M == 0) return NULL;
-    const struct imegen_kernel_entry *k = M == 1 ? n->gemv : n->gemm;
-    struct slices_job j = {n, k, M == 1 ? n->packed_gemv : n->packed_gemm, NULL, NULL, NULL, M, 0};
+    const kernel_t *k = runnable_kernel_for(n, M);
+    if (k != kernel_for(n, M)) /* no IME hart in this process: every slice runs on the fallback */
+        __atomic_fetch_add(&slices_fallback, n->slices, __ATOMIC_RELAXED);
+    struct slices_job j = {n, k, packed_slices((struct node *)n, k->layout), NULL, NULL, NULL, NULL, M, 0, 0};
     const void *a, *bias = NULL;
     void *c;
     TRY(tensor_data(a_value, &a));
@@ -291,17 +570,17 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
                                n->name, M);
     void *ws = malloc(ws_bytes);
     if (!ws) return fail(ORT_FAIL, "imegen: node '%s': out of memory for the workspace (M = %zu)", n->name, M);
-    k->prepare_a(M, n->K, a, n->K, ws); /* A quantized once; every slice reads it */
-    j.workspace = ws, j.bias = bias, j.C = c;
-    __atomic_fetch_add(&calls[k - imegen_kernels], 1, __ATOMIC_RELAXED);
+    k->prepare_a(M, n->K, a, n->K, ws); /* A quantized once; every slice on k reads it */
+    j.A = a, j.workspace = ws, j.bias = bias, j.C = c;
+    count_call(k);
     if (n->slices == 1) run_slice(&j, 0);
     else st = ort->KernelContext_ParallelFor(ctx, run_slice, n->slices, 0, &j);
     free(ws);
+    if (j.fell_back) count_call(n->fallback);
     if (st) return st;
     if (j.status)
         return fail(ORT_FAIL, "imegen: node '%s': kernel %s failed (status %d%s)", n->name, j.k->name, j.status,
-                    j.status == 1 ? ": VLEN not accepted on this hart" : j.status == 3 ? ": an A block's max |a| exceeds 127 x 65504, or A holds a NaN (fp16 A scales)"
-                    : j.status < 0 ? ": out of memory" : "");
+                    status_text(j.status));
     return NULL;
 }
 
@@ -336,22 +615,77 @@ static int ORT_API_CALL end_version(const OrtCustomOp *op) { (void)op; return 21
 
 static OrtCustomOp matmul_nbits_op;
 
-/* Per kernel: "NAME calls N" lines, then "vmadots N" in emulation builds (for tests and ort-model-check). */
+/* imegen_ort_stats()'s text, rebuilt by each call (the caller reads it before calling again). */
+static char *stats_text;
+static size_t stats_size;
+
+static void append(size_t *at, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        const int need = stats_text ? vsnprintf(stats_text + *at, stats_size - *at, fmt, ap) : -1;
+        va_end(ap);
+        if (need >= 0 && *at + (size_t)need < stats_size) {
+            *at += (size_t)need;
+            return;
+        }
+        const size_t size = stats_size ? 2 * stats_size + (size_t)(need > 0 ? need : 0) : 4096;
+        char *grown = realloc(stats_text, size);
+        if (!grown) return; /* keep what fits */
+        stats_text = grown, stats_size = size;
+    }
+}
+
+static void append_route(size_t *at, const struct node *n) {
+    append(at, "route %s:", n->name);
+    if (n->gemv) append(at, " M=1 %s", n->gemv->name);
+    for (size_t i = 0; i < n->n_gemm; i++) {
+        const size_t low = i ? n->gemm[i]->min_rows : n->gemv ? 2 : 1; /* gemm[0] also takes fewer rows */
+        append(at, "%s M=%zu", n->gemv || i ? "," : "", low);
+        if (i + 1 < n->n_gemm) append(at, "..%zu %s", n->gemm[i + 1]->min_rows - 1, n->gemm[i]->name);
+        else append(at, "+ %s", n->gemm[i]->name);
+    }
+    if (n->fallback) append(at, ", no IME hart: %s", n->fallback->name);
+    append(at, "\n");
+}
+
+/* "NAME calls N" per kernel (the Runs it served, whole or some slices), "ime_harts LIST (from ...)", "ime_slices on_ime N
+ * pinned N fallback N", "route NODE: ..." per live node, then "vmadots N" in emulation builds (for tests and
+ * ort-model-check). */
 const char *imegen_ort_stats(void) {
     size_t at = 0;
+    char harts[256];
+    if (stats_text) stats_text[0] = 0;
     for (size_t i = 0; i < imegen_kernel_count && i < MAX_KERNELS; i++)
-        at += (size_t)snprintf(stats_text + at, sizeof stats_text - at, "%s calls %lu\n", imegen_kernels[i].name,
-                               __atomic_load_n(&calls[i], __ATOMIC_RELAXED));
+        append(&at, "%s calls %lu\n", imegen_kernels[i].name, __atomic_load_n(&calls[i], __ATOMIC_RELAXED));
+    format_harts(&ime_harts, harts, sizeof harts);
+    append(&at, "ime_harts %s (from %s)\n", harts, ime_harts_from);
+    append(&at, "ime_slices on_ime %lu pinned %lu fallback %lu\n", __atomic_load_n(&slices_on_ime, __ATOMIC_RELAXED),
+           __atomic_load_n(&slices_pinned, __ATOMIC_RELAXED), __atomic_load_n(&slices_fallback, __ATOMIC_RELAXED));
+    pthread_mutex_lock(&live_lock);
+    for (const struct node *n = live_nodes; n; n = n->next) append_route(&at, n);
+    pthread_mutex_unlock(&live_lock);
 #ifdef IMEGEN_IME_EMULATION
-    snprintf(stats_text + at, sizeof stats_text - at, "vmadots %lu\n", imegen_ime_emu_count());
+    append(&at, "vmadots %lu\n", imegen_ime_emu_count());
 #endif
-    return stats_text;
+    return stats_text ? stats_text : "";
 }
 
 OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
     ort = base->GetApi(ORT_API_VERSION);
-    if (!ort) return NULL; /* an ORT older than the header: it cannot report an error through this API either */
+    if (!ort) { /* an ORT older than the header: say so through API 1, which every ORT has */
+        char msg[256];
+        snprintf(msg, sizeof msg, "imegen: onnxruntime %s does not offer C API version %d, which this library was "
+                 "built against (onnxruntime 1.%d or newer): it registered no operator", base->GetVersionString(),
+                 ORT_API_VERSION, ORT_API_VERSION);
+        fprintf(stderr, "%s\n", msg);
+        const OrtApi *oldest = base->GetApi(1);
+        return oldest ? oldest->CreateStatus(ORT_FAIL, msg) : NULL;
+    }
     if (imegen_kernel_count > MAX_KERNELS) return fail(ORT_FAIL, "imegen: more than %d kernels", MAX_KERNELS);
+    const char *bad = find_ime_harts();
+    if (bad) return fail(ORT_INVALID_ARGUMENT, "imegen: %s=\"%s\" %s", IMEGEN_IME_HARTS_ENV,
+                         getenv(IMEGEN_IME_HARTS_ENV), bad);
     OrtCustomOp *op = &matmul_nbits_op;
     memset(op, 0, sizeof *op);
     op->version = ORT_API_VERSION;

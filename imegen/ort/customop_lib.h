@@ -11,6 +11,11 @@ struct imegen_kernel_entry {
     int vlen;           /* VLEN the kernel needs (ime: exactly 256, rvv: at least this), 0 for scalar */
     int gemv;           /* 1: decode kernel (preferred at M = 1), 0: gemm */
     int bits, block, int8_compute, asymmetric, bias, tile_m, panel;
+    int fallback;           /* 1: runs only slices whose thread cannot reach an IME hart */
+    size_t min_rows;        /* gemm: the fewest rows of A it is chosen for */
+    int layout;             /* kernels with the same layout pack B into the same bytes: one packed copy serves them */
+    size_t n_shapes;        /* the weight shapes (N, K) it was chosen for; 0: any */
+    const uint32_t *shapes; /* n_shapes pairs N, K */
     int (*supported)(void);
     size_t (*packed_b_size)(size_t N, size_t K);
     void (*pack_b)(size_t N, size_t K, const uint8_t *b, const float *scales, const uint8_t *zp, void *packed);

@@ -1,7 +1,7 @@
 """Move a model's com.microsoft MatMulNBits nodes that a spec serves into imegen's domain.
 
-The rule is customop.serving_kernels (the library's own rule at session creation), plus what the
-library needs from the graph: B, scales and zero points as constant initializers.
+The rule is serving.serve (the library's own rule at session creation), plus what the library needs
+from the graph: B, scales and zero points as constant initializers.
 """
 
 from __future__ import annotations
@@ -9,9 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import KernelSpec
-from .customop import DOMAIN, NodeNeeds, serving_kernels
+from .customop import DOMAIN
+from .serving import NodeNeeds, Serving, serve
 
 MS_DOMAIN = "com.microsoft"
+FLOAT16 = 10  # onnx.TensorProto.FLOAT16
+UINT8 = 2  # onnx.TensorProto.UINT8
+INT8_LEVEL = 4
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,9 @@ class NodeDecision:
     node: str
     moved: bool
     detail: str  # the serving kernels, or why the node stays
+    need: NodeNeeds | None = None  # None: the node's inputs ruled it out before any kernel was asked
+    serving: Serving | None = None
+    level_raised: bool = False  # accuracy_level set to 4 in the rewritten model (int8 compute asked for)
 
     def __str__(self) -> str:
         return f"{'moved' if self.moved else 'kept '} {self.node}: {self.detail}"
@@ -30,31 +37,61 @@ def _attrs(node) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def decide(node, initializers: dict, specs: list[KernelSpec]) -> NodeDecision:
-    name = node.name or f"(unnamed, output {node.output[0]})"
+def node_name(node) -> str:
+    return node.name or f"(unnamed, output {node.output[0]})"
+
+
+def node_needs(node, initializers: dict) -> tuple[NodeNeeds | None, str]:
+    """What the node asks of a kernel, or (None, why the library cannot take it whatever the spec)."""
     ins = list(node.input) + [""] * (6 - len(node.input))
-    a = _attrs(node)
     for i, what in ((1, "B"), (2, "scales"), (3, "zero_points")):
         if ins[i] and ins[i] not in initializers:
-            return NodeDecision(name, False, f"{what} ({ins[i]}) is not a constant initializer")
+            return None, f"{what} ({ins[i]}) is not a constant initializer"
+    a = _attrs(node)
     zp = initializers.get(ins[3])
-    need = NodeNeeds(bits=int(a.get("bits", 4)), block=int(a.get("block_size", 0)),
+    return NodeNeeds(bits=int(a.get("bits", 4)), block=int(a.get("block_size", 0)),
                      accuracy_level=int(a.get("accuracy_level", 0)), asymmetric=bool(ins[3]), bias=bool(ins[5]),
-                     g_idx=bool(ins[4]), zero_points_uint8=zp is None or zp.data_type == 2)  # TensorProto.UINT8
-    kernels, reason = serving_kernels(specs, need)
-    return NodeDecision(name, bool(kernels), ", ".join(kernels) if kernels else reason)
+                     N=int(a.get("N", 0)), K=int(a.get("K", 0)), g_idx=bool(ins[4]),
+                     zero_points_uint8=zp is None or zp.data_type == UINT8,
+                     float16=initializers[ins[2]].data_type == FLOAT16), ""
 
 
-def rewrite(model, specs: list[KernelSpec]):
-    """Rewrite `model` (an onnx.ModelProto, modified in place) and return the per-node decisions."""
+def decide(node, initializers: dict, specs: list[KernelSpec], *, int8_compute: bool = False) -> NodeDecision:
+    """Whether the library serves `node`; `int8_compute` asks levels 0-3 for int8 compute (level 4)."""
+    name = node_name(node)
+    need, why = node_needs(node, initializers)
+    if need is None:
+        return NodeDecision(name, False, why)
+    raised = int8_compute and need.accuracy_level != INT8_LEVEL
+    if raised:
+        need = NodeNeeds(**{**need.__dict__, "accuracy_level": INT8_LEVEL})
+    serving = serve(specs, need)
+    detail = serving.describe() if serving.ok else serving.reason
+    return NodeDecision(name, serving.ok, detail, need, serving, raised and serving.ok)
+
+
+def _set_level(node, level: int) -> None:
+    from onnx import helper
+
+    kept = [a for a in node.attribute if a.name != "accuracy_level"]
+    del node.attribute[:]
+    node.attribute.extend(kept + [helper.make_attribute("accuracy_level", level)])
+
+
+def rewrite(model, specs: list[KernelSpec], *, int8_compute: bool = False) -> list[NodeDecision]:
+    """Rewrite `model` (an onnx.ModelProto, modified in place) and return the per-node decisions.
+    `int8_compute`: nodes at accuracy_level 0-3 are moved with accuracy_level 4 (int8 compute, IME),
+    which changes their numerics from ORT's fp32 contract."""
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
     decisions = []
     for node in graph.node:
         if node.op_type == "MatMulNBits" and node.domain == MS_DOMAIN:
-            d = decide(node, initializers, specs)
+            d = decide(node, initializers, specs, int8_compute=int8_compute)
             if d.moved:
                 node.domain = DOMAIN
+                if d.level_raised:
+                    _set_level(node, INT8_LEVEL)
             decisions.append(d)
     if any(d.moved for d in decisions) and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.add(domain=DOMAIN, version=1)

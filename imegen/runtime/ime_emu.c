@@ -12,6 +12,7 @@
  */
 #define _GNU_SOURCE /* REG_PC and the ucontext_t register names */
 #include "ime_emu.h"
+#include "harts.h"
 
 #include <signal.h>
 #include <stdint.h>
@@ -126,6 +127,11 @@ static void vmadot_execute(const struct vmadot *d) {
 
 static unsigned long emulated_count;
 
+/* With IMEGEN_IME_HARTS set, only the harts it names have IME: a vmadot elsewhere dies by SIGILL, as
+ * on a K1's cores 4-7, so a test proves that the code under it never runs one there. */
+static int harts_restricted;
+static cpu_set_t ime_harts;
+
 unsigned long imegen_ime_emu_count(void) {
     return __atomic_load_n(&emulated_count, __ATOMIC_RELAXED);
 }
@@ -154,15 +160,35 @@ static void report_foreign(uint32_t word, uintptr_t pc) {
     (void)unused;
 }
 
+/* Say which hart lacks IME, with async-signal-safe write(2) only: the process dies next. */
+static void report_hart(int hart) {
+    char digits[12], *d = digits + sizeof digits;
+    *--d = 0;
+    if (hart < 0) /* sched_getcpu() failed */
+        d = "(unknown)";
+    else
+        do *--d = (char)('0' + hart % 10); while ((hart /= 10) > 0);
+    const char *parts[] = {"imegen IME emulator: vmadot on hart ", d,
+                           ", which " IMEGEN_IME_HARTS_ENV " does not name: no IME there\n"};
+    for (int i = 0; i < 3; i++) {
+        ssize_t unused = write(2, parts[i], strlen(parts[i]));
+        (void)unused;
+    }
+}
+
 static void on_sigill(int sig, siginfo_t *si, void *ctx) {
     ucontext_t *uc = ctx;
     uintptr_t pc = uc->uc_mcontext.__gregs[REG_PC];
     uint32_t word;
     struct vmadot d;
     /* si_code <= 0: sent by kill()/raise(), so pc says nothing about the cause. */
+    int hart = harts_restricted ? sched_getcpu() : -1;
+    int no_ime_here = harts_restricted && (hart < 0 || hart >= CPU_SETSIZE || !CPU_ISSET(hart, &ime_harts));
     if (si->si_code <= 0 || !fetch_insn32(pc, &word) || !vmadot_decode(word, &d) ||
-        !vtype_allows_ime()) {
-        if (si->si_code > 0 && fetch_insn32(pc, &word))
+        !vtype_allows_ime() || no_ime_here) {
+        if (si->si_code > 0 && no_ime_here && fetch_insn32(pc, &word) && vmadot_decode(word, &d))
+            report_hart(hart);
+        else if (si->si_code > 0 && fetch_insn32(pc, &word))
             report_foreign(word, pc);
         /* Not ours: die honestly. The re-raised signal stays blocked until we return,
          * then the default action terminates the process with SIGILL. */
@@ -187,6 +213,15 @@ void imegen_ime_emu_install(void) {
                 "run QEMU with -cpu rv64,v=true,Zfh=true,vlen=256\n",
                 vlenb * 8);
         exit(3);
+    }
+    const char *harts = getenv(IMEGEN_IME_HARTS_ENV);
+    if (harts) {
+        if (imegen_parse_harts(harts, &ime_harts)) {
+            fprintf(stderr, "imegen IME emulator: %s=\"%s\" is not a hart list (e.g. 0-3 or 0,2)\n",
+                    IMEGEN_IME_HARTS_ENV, harts);
+            exit(3);
+        }
+        harts_restricted = 1;
     }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

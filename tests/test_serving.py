@@ -1,0 +1,226 @@
+"""Which kernel runs a MatMulNBits node, and on which harts: the custom-op library in Debian's real
+riscv64 onnxruntime 1.23 under QEMU against imegen/ort/serving.py's rule, and against stock ORT's output.
+
+- Routing: a node runs the kernels chosen for its weight shape (`shapes`) and, per Run, for its rows of A
+  (`min_rows`); the library's own report (imegen_ort_stats() "route" lines, call counts) must say
+  exactly what serving.serve() says.
+- IME harts: the library runs a vmadot only on a thread confined to the harts IMEGEN_IME_HARTS names
+  (under QEMU the emulator kills a vmadot elsewhere, as a K1's cores 4-7 would); with none named, every
+  slice runs on the fallback kernel and no vmadot is issued; outputs stay within ORT's tolerance.
+- The hart-list and /proc/cpuinfo parsers (runtime/harts.h) on a K1's and QEMU's texts.
+"""
+
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import imegen
+from imegen import toolchain
+from imegen.ort import ort_check as oc
+from imegen.ort.customop import ime_harts, parse_routes, parse_stats
+from imegen.ort.model_check import compare_outputs
+from imegen.ort.riscv import OrtError, RiscvSession
+from imegen.ort.serving import NodeNeeds, serve
+
+K = 128
+SPEC = """
+defaults { bits = 4 block = 32 zero_point = symmetric compute = int8 }
+kernel a_gemv      { op = gemv target = ime tile = 1x16 shapes = 64x128, 96x256 }
+kernel any_gemv    { op = gemv target = ime tile = 1x16 k_unroll = 4 }
+kernel a_gemm      { op = gemm target = ime tile = 4x16 shapes = 64x128 }
+kernel a_gemm_long { op = gemm target = ime tile = 8x8 panel = 16 shapes = 64x128 min_rows = 8 }
+kernel any_gemm    { op = gemm target = ime tile = 4x8 panel = 16 }
+kernel fb          { op = gemm target = rvv vlen = 256 tile = 2x16 fallback = yes }
+"""
+NODES = {"n_a": 64, "n_any": 48}  # name -> N; both K = 128
+
+
+def two_node_model(rng):
+    inits, nodes, outputs = [], [], []
+    for name, N in NODES.items():
+        qw = oc.ort_quantized_weights(rng.normal(0, 0.25, (K, N)).astype(np.float32), 4, 32, True)
+        inits += [numpy_helper.from_array(qw.data, f"{name}_B"), numpy_helper.from_array(qw.scales, f"{name}_s")]
+        nodes.append(helper.make_node("MatMulNBits", ["A", f"{name}_B", f"{name}_s"], [f"Y_{name}"], name=name,
+                                      domain="com.microsoft", K=K, N=N, bits=4, block_size=32, accuracy_level=4))
+        outputs.append(helper.make_tensor_value_info(f"Y_{name}", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serving")
+    specs = imegen.load_spec(SPEC)
+    model = two_node_model(np.random.default_rng(7))
+    onnx.save(model, tmp / "stock.onnx")
+    decisions = imegen.rewrite_model(model, specs)
+    assert all(d.moved for d in decisions), decisions
+    onnx.save(model, tmp / "imegen.onnx")
+    rng = np.random.default_rng(8)
+    feeds = [{"A": rng.normal(0, 0.5, (M, K)).astype(np.float32)} for M in (1, 5, 9)]
+    with RiscvSession(tmp / "stock.onnx", "1.23") as s:
+        stock = [s.run(f) for f in feeds]
+    return specs, tmp / "imegen.onnx", imegen.build_ort_library(specs), feeds, stock
+
+
+def run_imegen(setup, monkeypatch, harts: str | None, *, cpus: set[int] | None = None):
+    """Every feed through ORT + imegen with IMEGEN_IME_HARTS = harts (None: unset), the QEMU process
+    started on `cpus`; returns (stats text, outputs)."""
+    _, model, lib, feeds, _ = setup
+    if harts is None:
+        monkeypatch.delenv("IMEGEN_IME_HARTS", raising=False)
+    else:
+        monkeypatch.setenv("IMEGEN_IME_HARTS", harts)
+    saved = os.sched_getaffinity(0)
+    try:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)  # the QEMU process (and ORT's threads) inherit it
+        with RiscvSession(model, "1.23", custom_ops=lib, threads=2) as s:
+            outs = [s.run(f) for f in feeds]
+            return s.stats(), outs
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
+def assert_within_ort_tolerance(setup, outs):
+    *_, stock = setup
+    for y0, y1 in zip(stock, outs):
+        assert all(o.ok for o in compare_outputs(y0, y1, 4)), compare_outputs(y0, y1, 4)
+
+
+def test_each_node_runs_the_kernels_chosen_for_its_shape_and_rows(setup, monkeypatch):
+    specs = setup[0]
+    text, outs = run_imegen(setup, monkeypatch, None)
+    assert_within_ort_tolerance(setup, outs)
+    routes = parse_routes(text)
+    for name, N in NODES.items():
+        expect = serve(specs, NodeNeeds(bits=4, block=32, accuracy_level=4, asymmetric=False, bias=False, N=N, K=K))
+        assert routes[name] == expect.describe(), (name, routes[name])
+    # n_a: M = 1, 5, 9 on its own kernels (9 >= min_rows 8); n_any on the generic ones; no fallback
+    assert serve(specs, NodeNeeds(4, 32, 4, False, False, N=64, K=K)).kernel_for(9) == "a_gemm_long"
+    calls = parse_stats(text)
+    assert {k: calls[k] for k in ("a_gemv", "a_gemm", "a_gemm_long", "any_gemv", "any_gemm", "fb")} == \
+        {"a_gemv": 1, "a_gemm": 1, "a_gemm_long": 1, "any_gemv": 1, "any_gemm": 2, "fb": 0}
+    assert calls["slices_fallback"] == 0 and calls["vmadots"] > 0
+    assert ime_harts(text).startswith("0-") and "IME emulator" in ime_harts(text)
+
+
+def test_no_ime_hart_runs_every_slice_on_the_fallback(setup, monkeypatch):
+    text, outs = run_imegen(setup, monkeypatch, "")
+    assert_within_ort_tolerance(setup, outs)
+    stats = parse_stats(text)
+    assert stats["vmadots"] == 0 and stats["fb"] == 6 and stats["slices_fallback"] > 0
+    assert stats["slices_on_ime"] == stats["slices_pinned"] == 0
+    assert ime_harts(text) == "none (from IMEGEN_IME_HARTS)"
+
+
+def test_threads_on_a_hart_without_ime_are_pinned_to_one_with_it(setup, monkeypatch):
+    """The QEMU process starts on host CPU 1; only hart 0 has IME. Every IME slice must move to hart 0:
+    the emulator kills the process on a vmadot issued on hart 1 (IMEGEN_IME_HARTS is the K1's rule)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.fail("this test needs two CPUs (CI has two): one with IME, one without")
+    text, outs = run_imegen(setup, monkeypatch, "0", cpus={1})
+    assert_within_ort_tolerance(setup, outs)
+    stats = parse_stats(text)
+    assert stats["vmadots"] > 0 and stats["slices_fallback"] == 0 and stats["slices_pinned"] > 0
+    assert stats["slices_on_ime"] == 0  # every thread started on hart 1
+
+
+def test_a_vmadot_on_a_hart_without_ime_dies(monkeypatch):
+    """The counter-test of the one above: the emulator does kill a vmadot on a hart IMEGEN_IME_HARTS
+    excludes, so that test could fail. An IME kernel's test driver (not the library: nothing pins it),
+    started on host CPU 1 with only hart 0 named."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.fail("this test needs two CPUs (CI has two): one with IME, one without")
+    kernel = imegen.build_kernel(imegen.load_spec(SPEC), "any_gemv")
+    qw = oc.ort_quantized_weights(np.random.default_rng(0).normal(0, 0.25, (K, 16)).astype(np.float32), 4, 32, True)
+    A = np.ones((1, K), np.float32)
+    saved = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {1})
+        monkeypatch.setenv("IMEGEN_IME_HARTS", "1")
+        assert kernel.run(A, qw.data, qw.scales, K=K).shape == (1, 16)  # hart 1 named: it runs
+        monkeypatch.setenv("IMEGEN_IME_HARTS", "0")
+        with pytest.raises(toolchain.ToolchainError, match="vmadot on hart 1, which IMEGEN_IME_HARTS does not name"):
+            kernel.run(A, qw.data, qw.scales, K=K)
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
+def test_a_malformed_hart_list_fails_the_session(setup, monkeypatch):
+    _, model, lib, _, _ = setup
+    monkeypatch.setenv("IMEGEN_IME_HARTS", "0-")
+    with pytest.raises(OrtError, match='IMEGEN_IME_HARTS="0-" is not a hart list'):
+        RiscvSession(model, "1.23", custom_ops=lib)
+
+
+def test_ime_kernels_without_fallback_and_without_ime_harts_are_refused(tmp_path, monkeypatch):
+    specs = imegen.load_spec("\n".join(line for line in SPEC.splitlines() if "fallback" not in line))
+    model = two_node_model(np.random.default_rng(7))
+    imegen.rewrite_model(model, specs)
+    onnx.save(model, tmp_path / "m.onnx")
+    monkeypatch.setenv("IMEGEN_IME_HARTS", "none")
+    with pytest.raises(OrtError, match=r"node 'n_a': kernel a_gemv uses SpacemiT IME, and no hart has it here .*"
+                                       r"no fallback kernel"):
+        RiscvSession(tmp_path / "m.onnx", "1.23", custom_ops=imegen.build_ort_library(specs))
+
+
+# ------------------------------------------------------------------------------------ runtime/harts.h
+HARTS_DRIVER = r"""
+#define _GNU_SOURCE
+#include "harts.h"
+int main(int argc, char **argv) {
+    cpu_set_t set;
+    if (argc > 1) { /* a hart list */
+        if (imegen_parse_harts(argv[1], &set)) { puts("bad"); return 0; }
+    } else { /* a cpuinfo text on stdin */
+        printf("reported %d: ", imegen_harts_from_cpuinfo(stdin, &set));
+    }
+    for (int h = 0; h < 16; h++) if (CPU_ISSET(h, &set)) printf("%d ", h);
+    puts(CPU_COUNT(&set) ? "" : "none");
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def harts_exe(tmp_path_factory):
+    d = tmp_path_factory.mktemp("harts")
+    (d / "t.c").write_text(HARTS_DRIVER)
+    return toolchain.compile_c([d / "t.c"], d / "t", host=True, include_dirs=[toolchain.RUNTIME_DIR])
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("0-3", "0 1 2 3 "), ("0,2", "0 2 "), ("1-2,5", "1 2 5 "), ("", "none"), ("none", "none"), ("7", "7 "),
+    ("3-1", "bad"), ("a", "bad"), ("0-", "bad"), ("-1", "bad"), ("1,,2", "bad"), ("0,", "bad"), ("99999", "bad"),
+])
+def test_hart_lists(harts_exe, text, expect):
+    assert subprocess.run([harts_exe, text], capture_output=True, text=True).stdout.strip() == expect.strip()
+
+
+def cpuinfo(marchids):
+    return "".join(f"processor\t: {i}\nhart\t\t: {i}\nisa\t\t: rv64imafdcv\n"
+                   + (f"marchid\t\t: {m:#x}\n" if m is not None else "") + "\n" for i, m in enumerate(marchids))
+
+
+X60, A60, X100 = 0x8000000058000001, 0x8000000041000001, 0x8000000058000002
+
+
+@pytest.mark.parametrize("marchids, expect", [
+    ([X60] * 8, "reported 8: 0 1 2 3"),  # a K1: eight X60, IME on cores 0-3 (llama.cpp's rule)
+    ([None] * 4, "reported 0: none"),  # QEMU: no marchid at all
+    ([X60] * 4, "reported 4: none"),  # four X60 are not a K1
+    ([A60] * 2 + [X60] * 2, "reported 4: 0 1"),  # harts that say A60 themselves
+    ([X100] * 8, "reported 8: none"),  # a K3's X100 cores: no IME1
+])
+def test_cpuinfo_marchids(harts_exe, marchids, expect):
+    got = subprocess.run([harts_exe], input=cpuinfo(marchids), capture_output=True, text=True).stdout.strip()
+    assert got == expect
