@@ -37,7 +37,7 @@ HOST_CC = "cc"
 QEMU = "qemu-riscv64"
 NATIVE_CLANG = "clang"  # on a riscv64 host: the distribution's own compilers
 NATIVE_GCC = "gcc"
-IME_HARTS_ENV = "IMEGEN_IME_HARTS"  # which harts execute vmadot, e.g. "0-3", "0,2", "" (none): overrides /proc/cpuinfo
+IME_HARTS_ENV = "IMEGEN_IME_HARTS"  # which harts execute vmadot: "0-3", "0,2", "" or "none"; overrides /proc/cpuinfo
 # marchid of the K1's cores: X60 (all eight harts, as the K1's kernels report them) and A60 (the IME cores, if a kernel
 # reports them apart). A K1 reporting eight X60 harts has IME on harts 0-3 (docs/ime-isa.md §1).
 MARCHID_X60 = 0x8000000058000001
@@ -177,13 +177,14 @@ def _vlen_probe() -> Path:
 
 
 def parse_harts(text: str) -> tuple[int, ...]:
-    """A hart list ("0-3", "0,2", "0-1,6"; "": none) -> the hart numbers; a malformed one is a HostError."""
+    """A hart list ("0-3", "0,2", "0-1,6"; "" or "none": none) -> the hart numbers; a malformed one is a
+    HostError. The custom-op library reads IMEGEN_IME_HARTS the same way (runtime/harts.h)."""
     harts: set[int] = set()
-    for part in filter(None, (p.strip() for p in text.split(","))):
+    for part in filter(None, (p.strip() for p in ("" if text.strip() == "none" else text).split(","))):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
-            raise HostError(f"{IME_HARTS_ENV}={text!r}: expected hart numbers and ranges such as 0-3 or 0,2 "
-                            f"(empty: none)")
+            raise HostError(f"{IME_HARTS_ENV}={text!r}: expected hart numbers and ranges such as 0-3 or 0,2, "
+                            f"or none")
         harts.update(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
     return tuple(sorted(harts))
 

@@ -186,7 +186,7 @@ def test_ime_harts_from_cpuinfo_and_override():
     assert toolchain.ime_harts(cpuinfo([X60, X60, A60, A60])) == (2, 3)  # a kernel reporting the A60 cores apart
     assert toolchain.ime_harts(cpuinfo([X60] * 6)) == ()  # not a K1's eight harts: no guess
     assert toolchain.ime_harts(QEMU_CPUINFO, "0-3") == (0, 1, 2, 3)
-    assert toolchain.ime_harts(K1_CPUINFO, "") == ()
+    assert toolchain.ime_harts(K1_CPUINFO, "") == () and toolchain.ime_harts(K1_CPUINFO, "none") == ()
     assert toolchain.ime_harts(K1_CPUINFO, "0,2") == (0, 2)
     assert toolchain.ime_harts(K1_CPUINFO, " 0-1, 6 ") == (0, 1, 6)
     for bad in ("x", "3-1", "0-", "1;2"):
