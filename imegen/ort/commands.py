@@ -18,6 +18,10 @@ def add_commands(sub) -> None:
     lib.add_argument("--flavour", choices=("hardware", "qemu"), default="hardware",
                      help="hardware (a K1) or qemu (IME emulated; for QEMU only)")
     lib.add_argument("-o", "--output", help="copy the library here")
+    lib.add_argument("--ort-include", metavar="DIR",
+                     help="build against this folder's onnxruntime_c_api.h (ORT 1.21 or newer; the library then "
+                          "loads in that ORT version and newer), e.g. /usr/include/onnxruntime on the board "
+                          "(default: a riscv64 machine's own, else Debian's ORT 1.21 header)")
     rw = sub.add_parser("ort-rewrite", help="move the MatMulNBits nodes SPEC serves into imegen's ORT domain")
     rw.add_argument("spec")
     rw.add_argument("model")
@@ -51,7 +55,7 @@ def run_command(args) -> int:
     try:
         specs = load_specs(args.spec)
         if args.command == "ort-library":
-            lib = build_library(specs, args.spec, flavour=args.flavour)
+            lib = build_library(specs, args.spec, flavour=args.flavour, ort_include=args.ort_include)
             if args.output:
                 Path(args.output).write_bytes(lib.read_bytes())
             print(args.output or lib)
