@@ -111,6 +111,9 @@ def test_each_node_runs_the_kernels_chosen_for_its_shape_and_rows(setup, monkeyp
         {"a_gemv": 1, "a_gemm": 1, "a_gemm_long": 1, "any_gemv": 1, "any_gemm": 2, "fb": 0}
     assert calls["slices_fallback"] == 0 and calls["vmadots"] > 0
     assert ime_harts(text).startswith("0-") and "IME emulator" in ime_harts(text)
+    # no IME hart: the IME kernels' copies are not packed, only the fallback's (one layout per node, not two)
+    none_text, _ = run_imegen(setup, monkeypatch, "")
+    assert 0 < parse_stats(none_text)["packed_bytes"] < calls["packed_bytes"]
 
 
 def test_no_ime_hart_runs_every_slice_on_the_fallback(setup, monkeypatch):
@@ -224,3 +227,72 @@ X60, A60, X100 = 0x8000000058000001, 0x8000000041000001, 0x8000000058000002
 def test_cpuinfo_marchids(harts_exe, marchids, expect):
     got = subprocess.run([harts_exe], input=cpuinfo(marchids), capture_output=True, text=True).stdout.strip()
     assert got == expect
+
+
+# --------------------------------------------------------------------------- one packed copy per layout
+PACKING_SPEC = """
+defaults { bits = 4 block = 32 zero_point = asymmetric compute = int8 }
+kernel p_gemv    { op = gemv target = ime tile = 1x16 }
+kernel p_gemm    { op = gemm target = ime tile = 4x16 }
+kernel p_gemm8   { op = gemm target = ime tile = 8x8 panel = 16 }
+kernel p_rvv     { op = gemm target = rvv vlen = 256 tile = 2x16 }
+kernel p_p32     { op = gemm target = ime tile = 4x16 panel = 32 }
+kernel p_sep     { op = gemm target = ime tile = 4x16 scales = separate }
+kernel p_fp16    { op = gemm target = ime tile = 4x16 scale_type = fp16 }
+kernel p_il      { op = gemm target = ime tile = 4x16 unpack = interleaved }
+kernel p_staged  { op = gemm target = ime tile = 8x8 panel = 16 stage_b = m_block }
+"""
+PACK_DRIVER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+{includes}
+/* Packs one B with every kernel; prints each kernel's packed bytes as a hash line. */
+int main(void) {{
+    enum {{ N = 40, K = 96, KB = K / 32 }};
+    static uint8_t b[N * KB * 16], zp[N * ((KB + 1) / 2)];
+    static float scales[N * KB];
+    for (size_t i = 0; i < sizeof b; i++) b[i] = (uint8_t)(i * 131 + 7);
+    for (size_t i = 0; i < sizeof zp; i++) zp[i] = (uint8_t)(i * 71 + 3);
+    for (size_t i = 0; i < N * KB; i++) scales[i] = 0.01f * (float)(i % 97 + 1);
+{calls}
+    return 0;
+}}
+"""
+PACK_CALL = """    {{
+        size_t size = {k}_packed_b_size(N, K);
+        unsigned char *p = malloc(size + 8);
+        {k}_pack_b(N, K, b, scales, zp, p);
+        unsigned long long h = 1469598103934665603ull;
+        for (size_t i = 0; i < size; i++) h = (h ^ p[i]) * 1099511628211ull;
+        printf("{k} %zu %llx\\n", size, h);
+        free(p);
+    }}
+"""
+
+
+def test_kernels_of_one_layout_pack_identical_bytes(tmp_path):
+    """The library packs B once per layout id (customop.layouts) and lets every kernel of that id read it:
+    kernels with one id must pack byte-identical B; kernels with different ids here all differ (so the id
+    is not coarser than the bytes)."""
+    from imegen.ort.customop import layouts
+    from imegen.render import render_kernel
+
+    from imegen.plan import plan_kernel
+
+    plans = [plan_kernel(s) for s in imegen.load_spec(PACKING_SPEC)]
+    for plan in plans:
+        for name, text in render_kernel(plan, "packing.imegen").items():
+            (tmp_path / name).write_text(text)
+    (tmp_path / "main.c").write_text(PACK_DRIVER.format(
+        includes="\n".join(f'#include "{p.name}.h"' for p in plans),
+        calls="".join(PACK_CALL.format(k=p.name) for p in plans)))
+    exe = toolchain.compile_c([tmp_path / "main.c", *(tmp_path / f"{p.name}.c" for p in plans)], tmp_path / "pack",
+                              include_dirs=[tmp_path])
+    got = dict(line.split(" ", 1) for line in toolchain.run(exe).stdout.decode().splitlines())
+    ids = layouts(plans)
+    for a in plans:
+        for b in plans:
+            same = ids[a.name] == ids[b.name]
+            assert (got[a.name] == got[b.name]) == same, (a.name, b.name, same, got[a.name], got[b.name])
+    assert len(set(ids.values())) < len(plans)  # some kernels do share a layout here

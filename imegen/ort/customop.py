@@ -152,7 +152,8 @@ def build_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour
 
 def parse_stats(text: str) -> dict[str, int]:
     """imegen_ort_stats() text -> {kernel name: calls, ..., "vmadots": n (qemu flavour with IME),
-    "slices_on_ime" / "slices_pinned" / "slices_fallback": IME slices by where they ran}."""
+    "slices_on_ime" / "slices_pinned" / "slices_fallback": IME slices by where they ran, "packed_bytes": the
+    B copies the live nodes packed}."""
     out = {}
     for line in text.splitlines():
         parts = line.split()
@@ -160,6 +161,8 @@ def parse_stats(text: str) -> dict[str, int]:
             out[parts[0]] = int(parts[2])
         elif len(parts) == 2 and parts[0] == "vmadots":
             out["vmadots"] = int(parts[1])
+        elif len(parts) == 2 and parts[0] == "packed_bytes":
+            out["packed_bytes"] = int(parts[1])
         elif len(parts) == 7 and parts[0] == "ime_slices":
             out.update({f"slices_{parts[i]}": int(parts[i + 1]) for i in (1, 3, 5)})
     return out

@@ -54,6 +54,7 @@ static cpu_set_t ime_harts;
 static int ime_hart_count;
 static char ime_harts_from[160]; /* where the set came from, for imegen_ort_stats() and messages */
 static unsigned long slices_on_ime, slices_pinned, slices_fallback;
+static unsigned long long packed_bytes; /* B packed by live nodes: the memory the library adds to ORT's */
 
 static void set_source(const char *fmt, ...) {
     va_list ap;
@@ -128,6 +129,7 @@ struct node {
     size_t slices, width;             /* column slices of B: width columns each, the last the rest */
     struct packed packs[NODE_KERNELS];
     size_t n_packs;
+    size_t bytes; /* of all its packed copies */
     const uint8_t *b;                 /* ORT's constant initializers: the fallback packs from them late */
     const float *scales;
     const uint8_t *zp;
@@ -342,6 +344,8 @@ static OrtStatus *pack(struct node *n, const kernel_t *k) {
             for (size_t j = 0; j < i; j++) free(p->slice[j]);
             return fail(ORT_FAIL, "imegen: node '%s': out of memory packing B", n->name);
         }
+        n->bytes += k->packed_b_size(cols, n->K);
+        __atomic_fetch_add(&packed_bytes, k->packed_b_size(cols, n->K), __ATOMIC_RELAXED);
         k->pack_b(cols, n->K, n->b + n0 * kb * blob, n->scales + n0 * kb, n->zp ? n->zp + n0 * zstride : NULL,
                   p->slice[i]);
     }
@@ -364,6 +368,7 @@ static void destroy(void *p) {
     struct node *n = p;
     if (!n) return;
     forget(n);
+    __atomic_fetch_sub(&packed_bytes, n->bytes, __ATOMIC_RELAXED);
     for (size_t i = 0; i < n->n_packs; i++)
         for (size_t s = 0; s < SLICES; s++) free(n->packs[i].slice[s]);
     pthread_mutex_destroy(&n->lock);
@@ -649,9 +654,9 @@ static void append_route(size_t *at, const struct node *n) {
     append(at, "\n");
 }
 
-/* "NAME calls N" per kernel (the Runs it served, whole or some slices), "ime_harts LIST (from ...)", "ime_slices on_ime N
- * pinned N fallback N", "route NODE: ..." per live node, then "vmadots N" in emulation builds (for tests and
- * ort-model-check). */
+/* Lines: "NAME calls N" per kernel (the Runs it served, whole or some slices); "ime_harts LIST (from ...)";
+ * "ime_slices on_ime N pinned N fallback N"; "packed_bytes N" (B packed by the live nodes); "route NODE: ..."
+ * per live node; "vmadots N" in emulation builds. For tests, ort-model-check and ort-accelerate's users. */
 const char *imegen_ort_stats(void) {
     size_t at = 0;
     char harts[256];
@@ -662,6 +667,7 @@ const char *imegen_ort_stats(void) {
     append(&at, "ime_harts %s (from %s)\n", harts, ime_harts_from);
     append(&at, "ime_slices on_ime %lu pinned %lu fallback %lu\n", __atomic_load_n(&slices_on_ime, __ATOMIC_RELAXED),
            __atomic_load_n(&slices_pinned, __ATOMIC_RELAXED), __atomic_load_n(&slices_fallback, __ATOMIC_RELAXED));
+    append(&at, "packed_bytes %llu\n", __atomic_load_n(&packed_bytes, __ATOMIC_RELAXED));
     pthread_mutex_lock(&live_lock);
     for (const struct node *n = live_nodes; n; n = n->next) append_route(&at, n);
     pthread_mutex_unlock(&live_lock);
