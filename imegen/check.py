@@ -1,7 +1,8 @@
 """The `imegen check` job: for every kernel, compiler and VLEN it accepts, run an edge-shape
 matrix plus exactly-representable data through the compiled kernel and compare to NumPy; at the
 other VLENs of 128..512, check that it refuses (IMEGEN_ERR_VLEN) without computing anything, and that
-an MLAS dispatch's supported() says no."""
+an MLAS dispatch's supported() says no. A kernel (or dispatch group) whose results no run compared to
+NumPy fails: its refusals alone would be a pass with nothing checked behind it."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from .verify import Build, Case, Result, build, compare, compilers_for, run_case
 IMEGEN_ERR_VLEN = 1  # kernel.h.j2
 VLENS = (128, 256, 512)  # the harts check runs kernels on (QEMU -cpu rv64,vlen=...)
 NAN = float("nan")  # no error to report: a refusal computes nothing
+REFUSES = " (refuses)"  # the vlen column of a refusal row
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,12 @@ class Row:
     vmadots: int
     ok: bool
     message: str
+
+    @property
+    def refusal(self) -> bool:
+        """A run at a VLEN the kernel must refuse: it shows that nothing is computed there, not that
+        anything is computed right."""
+        return self.vlen.endswith(REFUSES)
 
 
 def vlens_for(plan: KernelPlan) -> list[int | None]:
@@ -115,6 +123,16 @@ def died(e: ToolchainError) -> str:
     return f"{how}: {said[-1].strip()}" if said else how
 
 
+def nothing_checked_row(kernel: str, target: str, why: str) -> Row:
+    """A kernel no run compared to NumPy fails: refusals alone say nothing about its results."""
+    return Row(kernel, target, "-", "-", 0, NAN, NAN, 0, False, f"nothing checked: {why}")
+
+
+def checked_cases(rows: list[Row]) -> int:
+    """Cases whose results were compared to NumPy (refusal runs compute nothing to compare)."""
+    return sum(r.cases for r in rows if not r.refusal)
+
+
 def died_row(kernel: str, target: str, compiler: str, vlen: str, cases: int, e: ToolchainError) -> Row:
     return Row(kernel, target, compiler, vlen, cases, NAN, NAN, 0, False, f"run failed: {died(e)}")
 
@@ -125,11 +143,11 @@ def refusal_row(b: Build, vlen: int, cases: list[Case]) -> Row:
     try:
         results = run_cases(b, cases, vlen=vlen)
     except ToolchainError as e:  # e.g. SIGILL: an IME kernel reached a vmadot with no emulator installed
-        return Row(plan.name, plan.spec.target, b.compiler, f"{vlen} (refuses)", len(cases), NAN, NAN, 0, False,
+        return Row(plan.name, plan.spec.target, b.compiler, f"{vlen}{REFUSES}", len(cases), NAN, NAN, 0, False,
                    f"did not refuse: {died(e)}")
     bad = [(c, why) for c, r in zip(cases, results) if (why := _not_refused(c, r))]
     message = "ok" if not bad else f"{len(bad)} not refused; first M,N,K={bad[0][0].shape}: {bad[0][1]}"
-    return Row(plan.name, plan.spec.target, b.compiler, f"{vlen} (refuses)", len(cases), NAN, NAN,
+    return Row(plan.name, plan.spec.target, b.compiler, f"{vlen}{REFUSES}", len(cases), NAN, NAN,
                sum(r.vmadots for r in results), not bad, message)
 
 
@@ -160,6 +178,8 @@ def check_kernel(plan: KernelPlan, spec_file: str, *, seed: int = 0, log=None) -
             rows.append(_row(plan, "host cc", "-", random_cases, exact_cases, results))
         except ToolchainError as e:
             rows.append(died_row(plan.name, plan.spec.target, "host cc", "-", len(random_cases + exact_cases), e))
+    if not checked_cases(rows):
+        rows.append(nothing_checked_row(plan.name, plan.spec.target, "no build ran at a VLEN the kernel accepts"))
     return rows
 
 
@@ -173,10 +193,12 @@ def _group_shapes(g: Group) -> list[tuple[int, int, int]]:
 
 
 def dispatch_vlens(d: DispatchPlan) -> list[int]:
-    """VLENs a dispatch runs at: 256 with an IME kernel, else each from its RVV kernels' minimum."""
+    """VLENs a dispatch runs at: 256 with an IME kernel, else each from its RVV kernels' minimum up to
+    512 (or that minimum, if above 512: as vlens_for, never none)."""
     if "ime" in {p.spec.target for p in d.kernels}:
         return [256]
-    return [v for v in VLENS if v >= max(p.spec.vlen or 128 for p in d.kernels)]
+    need = max(p.spec.vlen or 128 for p in d.kernels)
+    return [v for v in VLENS if v >= need] or [need]
 
 
 def dispatch_refused_vlens(d: DispatchPlan) -> list[int]:
@@ -193,8 +215,8 @@ def dispatch_refusal_row(d: DispatchPlan, exe, compiler: str, vlen: int) -> Row:
     try:
         said = mlas_check.supported(exe, vlen=vlen)
     except ToolchainError as e:
-        return Row(name, target, compiler, f"{vlen} (refuses)", 1, NAN, NAN, 0, False, f"did not answer: {died(e)}")
-    return Row(name, target, compiler, f"{vlen} (refuses)", 1, NAN, NAN, 0, not said,
+        return Row(name, target, compiler, f"{vlen}{REFUSES}", 1, NAN, NAN, 0, False, f"did not answer: {died(e)}")
+    return Row(name, target, compiler, f"{vlen}{REFUSES}", 1, NAN, NAN, 0, not said,
                "ok" if not said else "returned 1: MLAS would install the dispatch on this hart")
 
 
@@ -205,6 +227,7 @@ def check_dispatch(d: DispatchPlan, spec_file: str, *, seed: int = 0, log=None) 
     targets = {p.spec.target for p in d.kernels}
     vlens = dispatch_vlens(d)
     rows = []
+    group_targets = {}  # "+"-joined kernel names -> target label
     for compiler in ["clang"] + ([] if "rvv" in targets else ["gcc"]):
         exe = mlas_check.build(d, spec_file, compiler=compiler)
         for g in d.groups:
@@ -213,6 +236,7 @@ def check_dispatch(d: DispatchPlan, spec_file: str, *, seed: int = 0, log=None) 
             cases = [(mlas_check.random_case(rng, M, N, K, g.block, i % 2 == 0, i % 3 == 0, g.compute, exact, g.bits), exact)
                      for exact in (False, True) for i, (M, N, K) in enumerate(shapes)]
             target = "mlas:" + "/".join(sorted({p.spec.target for p in (g.m1, g.dequant, g.gemv, g.gemm) if p}))
+            group_targets["+".join(names)] = target
             for vlen in vlens:
                 if log:
                     log(f"  dispatch {d.prefix}: {'+'.join(names)}: {compiler}, vlen {vlen}: {len(cases)} cases")
@@ -230,6 +254,9 @@ def check_dispatch(d: DispatchPlan, spec_file: str, *, seed: int = 0, log=None) 
             if log:
                 log(f"  dispatch {d.prefix}: {compiler}, vlen {vlen}: supported() must refuse")
             rows.append(dispatch_refusal_row(d, exe, compiler, vlen))
+    for kernels, target in group_targets.items():
+        if not checked_cases([r for r in rows if r.kernel == kernels]):
+            rows.append(nothing_checked_row(kernels, target, "no run at a VLEN the dispatch accepts"))
     return rows
 
 

@@ -3,22 +3,47 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-from .check import check_dispatch, check_kernel, format_table, stderr_log
+from .check import check_dispatch, check_kernel, checked_cases, format_table, stderr_log
 from .errors import SpecError
 from .ir import load_specs
 from .ort.mlas_abi import DEFAULT_PIN, PINS, plan_dispatch
 from .plan import KernelPlan, plan_kernel
 from .ort.ort_tree import OrtTreeError
+from .ort.sysroot import SysrootError
 from .outputs import write_if_changed, write_outputs
 from .perf import occupancy
 from .render import march_for, render_spec
 from .toolchain import ToolchainError, missing_tools
+
+
+# Python packages only some commands need (the test extras in pyproject.toml): import name -> pip name.
+OPTIONAL_PACKAGES = {"onnx": "onnx", "onnxruntime": "onnxruntime", "onnx_ir": "onnx-ir", "matplotlib": "matplotlib"}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_module(command: str, e: ModuleNotFoundError) -> str:
+    """One line for a module that could not be imported: which package to install (or upgrade)."""
+    top = (e.name or "").split(".")[0]
+    package = OPTIONAL_PACKAGES.get(top)
+    if package is None:  # a module every command needs: the installation itself is incomplete
+        return f"error: {e}; reinstall imegen with its dependencies (pip install -e .)"
+    if e.name != top and _installed(top):  # there, without a module this command imports from it: too old
+        return (f"error: imegen {command} needs the Python package {package} with its module {e.name}, which the "
+                f"installed one lacks (pip install --upgrade {package})")
+    return f"error: imegen {command} needs the Python package {package} (pip install {package})"
 
 
 def _plans(spec: str, only: list[str] | None = None) -> list[KernelPlan]:
@@ -94,6 +119,13 @@ def cmd_ort_mlas_test(args) -> int:
         r = ort_tree.run_mlas_test(exe, flt, vlen=args.vlen, disable_imegen=off)
         print(f"  {label}: {r.summary()}")
         failed |= r.failed > 0 or r.passed == 0
+        if r.passed == 0:
+            print(f"error: {label}: no test passed, so nothing was checked (gtest filter {flt or '(none)'})",
+                  file=sys.stderr)
+        elif not off and not sum(r.calls.values()):  # MLAS kept its own kernels: the passes say nothing of imegen's
+            print(f"error: {label}: imegen's dispatch was never called (MLAS did not install it: does every kernel "
+                  f"of {spec} run at VLEN {args.vlen}?), so nothing of imegen was checked", file=sys.stderr)
+            failed = True
     return 1 if failed else 0
 
 
@@ -113,9 +145,12 @@ def cmd_check(args) -> int:
         stderr_log(f"[MLAS dispatch] {', '.join(p.name for p in dispatch.kernels)}")
         rows += check_dispatch(dispatch, args.spec, seed=args.seed, log=stderr_log)
     print(format_table(rows))
-    failed = [r for r in rows if not r.ok]
+    failed = [r for r in rows if not r.ok or not r.cases]
     print(f"\n{len(rows) - len(failed)} of {len(rows)} builds passed ({sum(r.cases for r in rows)} cases, "
           f"{sum(r.vmadots for r in rows)} vmadot instructions emulated)")
+    if not checked_cases(rows):  # refusals alone (or no rows) verify no result
+        print("error: nothing was checked: no case ran at a VLEN its kernel accepts", file=sys.stderr)
+        return 1
     return 1 if failed else 0
 
 
@@ -193,6 +228,10 @@ def cmd_ort_check(args) -> int:
         return 2
     specs = [p.spec for p in _plans(args.spec, args.kernel)] if args.spec else oc.builtin_specs(args.full)
     if args.kernel and not args.spec:
+        unknown = sorted(set(args.kernel) - {s.name for s in specs})
+        if unknown:
+            raise SpecError(None, f"ort-check's built-in set has no kernel named {', '.join(unknown)}; it has "
+                            f"{', '.join(s.name for s in specs)}")
         specs = [s for s in specs if s.name in args.kernel]
     suite = oc.Suite(specs, oc.full_shapes() if args.full else oc.fast_shapes(), full=args.full)
     t0 = time.perf_counter()
@@ -207,6 +246,11 @@ def cmd_ort_check(args) -> int:
     failed = [r for r in rows if not r.verdict.ok]
     print(f"\n{len(rows) - len(failed)} of {len(rows)} kernel x shape cases within ORT's tolerance "
           f"({time.perf_counter() - t0:.1f} s)")
+    missed = oc.unchecked(suite, rows)
+    if missed:  # a kernel with no case would otherwise pass unseen (no row, so no FAIL either)
+        print(f"error: nothing was checked for {len(missed)} of {len(specs)} kernels ({', '.join(missed)}): "
+              "ORT's shapes have no case for them", file=sys.stderr)
+        return 1
     return 1 if failed else 0
 
 
@@ -288,8 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # stdout closed early (`imegen list SPEC | head`): stop quietly
         _silence_stdout()
         return 0
-    except (ToolchainError, OrtTreeError) as e:
+    except (ToolchainError, OrtTreeError, SysrootError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:  # an optional package (onnx, onnxruntime, ...) that is not installed
+        print(missing_module(args.command, e), file=sys.stderr)
         return 2
     except OSError as e:  # "error: PATH: No such file or directory", not Python's errno repr
         print(f"error: {e.filename}: {e.strerror}" if e.filename and e.strerror else f"error: {e}", file=sys.stderr)

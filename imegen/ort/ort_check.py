@@ -601,6 +601,12 @@ def _run_dispatch(suite: Suite, d, compiler: str, vlens, log) -> list[Row]:
 
 
 # ----------------------------------------------------------------------------- report
+def unchecked(suite: Suite, rows: list[Row]) -> list[str]:
+    """Kernels of the suite that no row compared to ORT (a dispatch row names its kernels joined by "+")."""
+    seen = {name for r in rows for name in r.kernel.split("+")}
+    return [s.name for s in suite.specs if s.name not in seen]
+
+
 def _fmt_err(x: float) -> str:
     return "inf" if not np.isfinite(x) else f"{x:.2e}"
 

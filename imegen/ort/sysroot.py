@@ -14,6 +14,7 @@ second call costs nothing. sid moves: whatever it serves must still be `libonnxr
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -63,10 +64,32 @@ def _apt_options(suite: str) -> list[str]:
 
 def _apt(tool: str, suite: str, *args: str, cwd: Path | None = None) -> str:
     cmd = [tool, *_apt_options(suite), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
-    if proc.returncode != 0:
-        raise SysrootError(f"{' '.join(cmd[:1] + list(args))} failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
+    try:
+        # LC_ALL=C: apt's messages in English, the ones _reason looks for
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env={**os.environ, "LC_ALL": "C"})
+    except FileNotFoundError:
+        raise SysrootError(f"imegen fetches Debian's riscv64 onnxruntime with {tool}, which is not installed "
+                           "(a Debian or Ubuntu host has it)") from None
+    # apt-get update exits 0 when it cannot fetch an index: it warns and keeps the lists it had. This
+    # private apt has no lists to fall back on, so a fetch that failed is an error here.
+    if proc.returncode != 0 or "Failed to fetch" in proc.stderr:
+        status = f" (exit {proc.returncode})" if proc.returncode else ""
+        raise SysrootError(f"{_what(tool, args)} for Debian {suite} riscv64 failed{status}: {_reason(proc.stderr)}")
     return proc.stdout
+
+
+def _what(tool: str, args: tuple[str, ...]) -> str:
+    """The apt command in a few words: `apt-get update`, `apt-get download (41 packages)`."""
+    words = [a for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or args[i - 1] != "-o")]
+    return f"{tool} {words[0]} ({len(words) - 1} packages)" if len(words) > 2 else " ".join([tool, *words])
+
+
+def _reason(stderr: str) -> str:
+    """apt's most telling line: the first failed fetch, else its first error, else its last word."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    line = next((x for x in lines if "Failed to fetch" in x), None) or next((x for x in lines if x.startswith("E:")), None)
+    line = line or (lines[-1] if lines else "no message")
+    return " ".join(line.removeprefix("E:").removeprefix("W:").split())
 
 
 def _update(suite: str) -> None:
@@ -75,7 +98,7 @@ def _update(suite: str) -> None:
         (d / sub).mkdir(parents=True, exist_ok=True)
     (d / "status").touch()
     (d / "sources.list").write_text(f"deb [arch=riscv64 signed-by={KEYRING}] {MIRROR} {suite} main\n")
-    _apt("apt-get", suite, "-qq", "update")
+    _apt("apt-get", suite, "-o", "APT::Update::Error-Mode=any", "-qq", "update")  # apt >= 2.3: a failed fetch exits 100
 
 
 def _candidate(suite: str, package: str) -> str | None:
@@ -136,7 +159,9 @@ def ensure(version: str) -> Path:
           file=sys.stderr)
     _apt("apt-get", rel.suite, "-qq", "download", *packages, cwd=debs)
     for deb in sorted(debs.glob("*.deb")):
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], check=True)
+        unpack = subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], capture_output=True, text=True)
+        if unpack.returncode != 0:
+            raise SysrootError(f"dpkg-deb -x {deb.name} failed (exit {unpack.returncode}): {_reason(unpack.stderr)}")
     if not (tmp / "lib").exists():
         (tmp / "lib").symlink_to("usr/lib")
     header = tmp / "usr/include/onnxruntime/onnxruntime_c_api.h"
