@@ -2,8 +2,9 @@
 
 `build_library(specs)` generates each imegen-ABI kernel, the kernel table
 (templates/customop_kernels.c.j2) and links them with imegen/ort/customop_lib.c (the ORT glue)
-into a riscv64 shared library exporting `RegisterCustomOps`. It is built against ORT 1.21's
-onnxruntime_c_api.h (API version 21), which ORT 1.21 and later accept. Flavours: "hardware"
+into a riscv64 shared library exporting `RegisterCustomOps`. By default it is built against ORT 1.21's
+onnxruntime_c_api.h (API version 21), which ORT 1.21 and later accept; `ort_include` names another ORT's
+headers (1.21 or newer), and a riscv64 machine's own are preferred (ort_include_dir). Flavours: "hardware"
 (what a K1 loads) and "qemu" (links the SIGILL IME emulator, imegen/runtime/ime_emu.c; never for
 hardware). `serving_kernels` is the rule the library applies at session creation, in Python, so
 `imegen ort-rewrite` moves exactly the nodes the library will accept.
