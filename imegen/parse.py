@@ -30,6 +30,7 @@ _TERMINAL_NAMES = {
     "RBRACE": "'}'",
     "EQUAL": "'='",
     "SEMICOLON": "';'",
+    "COMMA": "',' (another value)",
     "KERNEL": "'kernel'",
     "DEFAULTS": "'defaults'",
     "$END": "end of file",

@@ -112,7 +112,7 @@ def test_syntax_error_exits_2_with_position(capsys, tmp_path):
     bad.write_text("kernel k {\n  bits = 4 @\n}\n")
     code, out, err = run(capsys, "list", str(bad))
     assert code == 2 and out == ""
-    assert err == f"{bad}:2:12: error: unexpected character '@'; expected ';', '}}' or a setting name\n"
+    assert err == f"{bad}:2:12: error: unexpected character '@'; expected ',' (another value), ';', '}}' or a setting name\n"
 
 
 def test_empty_spec_exits_2_with_position(capsys, tmp_path):

@@ -140,6 +140,12 @@ class RiscvSession:
         self._check_status()
         return self._string()
 
+    def peak_rss(self) -> int:
+        """The riscv64 process's peak resident memory so far, in bytes (the QEMU process's VmHWM: the
+        guest's memory plus QEMU's own, which is the same for every model)."""
+        status = Path(f"/proc/{self._proc.pid}/status").read_text()
+        return next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:"))
+
     def close(self) -> None:
         if self._proc.poll() is None:
             try:
