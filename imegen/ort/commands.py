@@ -34,6 +34,12 @@ def add_commands(sub) -> None:
     mc.add_argument("--seed", type=int, default=0)
     mc.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE", help="a symbolic input dimension")
     mc.add_argument("--threads", type=int, default=1, help="intra_op_num_threads")
+    mc.add_argument("--seq", type=int, default=5,
+                    help="decoders: tokens in the prefill step (M = seq on the gemm kernels; default 5)")
+    mc.add_argument("--past", type=int, default=7,
+                    help="decoders: KV-cache positions before the prefill (default 7); decode steps follow (M = 1)")
+    mc.add_argument("--generate", type=int, default=0, metavar="N",
+                    help="decoders: greedy-decode N tokens on both sides; the tokens must be identical")
 
 
 def _load_model(path: str):
@@ -72,22 +78,28 @@ def run_command(args) -> int:
                 print(d)
             print(f"{sum(d.moved for d in decisions)} of {len(decisions)} MatMulNBits nodes moved; wrote {args.output}")
             return 0
-        from .model_check import model_check
+        from .model_check import ModelCheckError, model_check
 
-        _load_model(args.model)
         inputs = None
         if args.inputs:
             import numpy as np
 
-            inputs = dict(np.load(args.inputs))
+            try:
+                inputs = dict(np.load(args.inputs))
+            except (OSError, ValueError) as e:
+                raise UsageError(f"--inputs {args.inputs}: not a readable .npz ({e})") from None
         dims = {}
         for d in args.dim:
             name, _, value = d.partition("=")
             if not value.isdigit():
                 raise UsageError(f"--dim {d}: expected NAME=VALUE")
             dims[name] = int(value)
-        check = model_check(specs, args.model, spec_file=args.spec, version=args.ort, inputs=inputs, seed=args.seed,
-                            dims=dims, threads=args.threads)
+        try:
+            check = model_check(specs, args.model, spec_file=args.spec, version=args.ort, inputs=inputs,
+                                seed=args.seed, dims=dims, threads=args.threads, seq=args.seq, past=args.past,
+                                generate=args.generate)
+        except ModelCheckError as e:
+            raise UsageError(str(e)) from None
         print(check.report())
         return 0 if check.ok else 1
     except (UsageError, CustomOpError) as e:

@@ -2,14 +2,23 @@
 
 Both sides are the same real riscv64 onnxruntime (Debian's build) under QEMU (RiscvSession): the
 original model, and the model rewritten by imegen.ort.rewrite with the qemu-flavour custom-op
-library registered. Inputs are given (.npz) or random from a seed. Each output must agree within
-ORT's operator-test tolerance (ort_check.TOLERANCE) of the strictest accuracy level among the moved
-nodes (level 4 if any moved node computes in int8, else level 0).
+library registered. Each output must agree within ORT's operator-test tolerance
+(ort_check.TOLERANCE) of the strictest accuracy level among the moved nodes (level 4 if any moved
+node computes in int8, else level 0).
+
+A decoder (a graph input named `input_ids`; onnxruntime-genai's and optimum's exports) runs the way
+a generation loop runs it: a prefill step of `seq` tokens after a KV cache of `past` positions
+(matmuls with M = seq: the gemm kernels), then decode steps of one token (M = 1: the gemv kernels),
+each fed the previous step's present.* outputs as its past_key_values.* and the argmax of its logits
+as its token. Every output of every step is compared. Other models run once on the given or random
+inputs. When the spec serves no MatMulNBits node nothing is run and the check fails: a PASS must
+mean imegen's kernels computed something.
 """
 
 from __future__ import annotations
 
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,14 +31,37 @@ from .rewrite import NodeDecision, rewrite
 from .riscv import DTYPES, RiscvSession
 
 FLOAT_DTYPES = (np.float32, np.float64, np.float16)
+# Symbolic dims a decoder's step sets (batch 1, --seq / --past), not --dim.
+BATCH_DIMS = ("batch_size", "batch")
+STEP_DIMS = {"sequence_length", "past_sequence_length", "total_sequence_length"}
+DEFAULT_SEQ = 5  # > 1 for the gemm kernels, not a multiple of a 2- or 4-row tile: a tail of rows
+DEFAULT_PAST = 7  # a KV cache already holding positions, of odd length
 
 
-@dataclass
+class ModelCheckError(ValueError):
+    """The model or the options cannot be checked as asked (a user error: exit 2)."""
+
+
+@dataclass(frozen=True)
 class OutputAgreement:
     name: str
     max_abs: float
     worst: float  # max |imegen - stock| / tolerance
     ok: bool
+    elements: int = 0
+
+
+@dataclass(frozen=True)
+class Step:
+    """One Run of both models on the same feeds."""
+
+    label: str  # e.g. "prefill: 5 tokens at past 7"
+    outputs: tuple[OutputAgreement, ...]
+    tokens: tuple[int, int] | None = None  # (stock, imegen) argmax of the last logits row
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs)
 
 
 @dataclass
@@ -37,46 +69,96 @@ class ModelCheck:
     ort_version: str
     decisions: list[NodeDecision]
     level: int
-    outputs: list[OutputAgreement] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
+    generate: int = 0  # greedy tokens asked for (0: none)
+    kernels: tuple[str, ...] = ()  # the library's kernel names (the stats' other counters are not calls)
+
+    @property
+    def moved(self) -> int:
+        return sum(d.moved for d in self.decisions)
+
+    @property
+    def outputs(self) -> list[OutputAgreement]:
+        return [o for s in self.steps for o in s.outputs]
+
+    @property
+    def generated(self) -> tuple[list[int], list[int]]:
+        """The greedy tokens (stock, imegen), up to and including the first disagreement."""
+        pairs = [s.tokens for s in self.steps[: self.generate] if s.tokens] if self.generate else []
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    @property
+    def tokens_agree(self) -> bool:
+        stock, mine = self.generated
+        return stock == mine and len(stock) == self.generate
+
+    @property
+    def kernels_ran(self) -> bool:
+        """Whether the library's counters show a call of one of its kernels."""
+        return any(self.stats.get(k, 0) for k in self.kernels)
 
     @property
     def ok(self) -> bool:
-        return bool(self.outputs) and all(o.ok for o in self.outputs)
+        return (self.moved > 0 and bool(self.outputs) and all(o.ok for o in self.outputs) and self.kernels_ran
+                and (not self.generate or self.tokens_agree))
 
     def report(self) -> str:
-        moved = [d for d in self.decisions if d.moved]
         lines = [f"onnxruntime {self.ort_version} (riscv64, under QEMU): stock vs imegen custom ops",
-                 f"MatMulNBits nodes: {len(moved)} of {len(self.decisions)} rewritten"]
+                 f"MatMulNBits nodes: {self.moved} of {len(self.decisions)} rewritten"]
         lines += [f"  {d}" for d in self.decisions]
+        if not self.moved:
+            lines += [f"nothing was checked: 0 of {len(self.decisions)} MatMulNBits nodes rewritten", "FAIL"]
+            return "\n".join(lines)
         lines.append(f"tolerance (accuracy_level {self.level}): {tolerance_text(self.level)}")
-        for o in self.outputs:
-            lines.append(f"  {o.name:24s} max |diff| {o.max_abs:.3g}  {o.worst:.3f} of tolerance  "
-                         f"{'PASS' if o.ok else 'FAIL'}")
+        for step in self.steps:
+            lines += _step_lines(step, multi=len(self.steps) > 1)
+        if self.generate:
+            stock, mine = self.generated
+            if self.tokens_agree:
+                verdict = "identical"
+            elif stock == mine:
+                verdict = f"only {len(stock)} of {self.generate} tokens"
+            else:
+                verdict = f"DIFFER at token {_first_difference(stock, mine) + 1}"
+            lines.append(f"greedy tokens ({self.generate}): stock {stock}")
+            lines.append(f"{'':{len(str(self.generate)) + 17}}imegen {mine}  {verdict}")
+        elements = sum(o.elements for o in self.outputs)
+        lines.append(f"compared {len(self.outputs)} outputs in {len(self.steps)} step{'s' * (len(self.steps) != 1)}, "
+                     f"{elements:,} elements")
         calls = ", ".join(f"{k} {v}" for k, v in self.stats.items() if k != "vmadots" and v)
         lines.append(f"imegen kernel calls: {calls or 'none'}"
                      + (f"; emulated vmadots {self.stats['vmadots']}" if "vmadots" in self.stats else ""))
+        if not self.kernels_ran:
+            lines.append("nothing was checked: the rewritten nodes never called an imegen kernel")
         lines.append("PASS" if self.ok else "FAIL")
         return "\n".join(lines)
 
 
-def random_inputs(model, seed: int = 0, dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
-    """Seeded inputs for the graph's inputs: floats ~ N(0, 0.25), integers in [0, 16); symbolic dims
-    from `dims` (default 1; a dim named like a past sequence length may be 0)."""
-    rng = np.random.default_rng(seed)
-    inits = {t.name for t in model.graph.initializer}
-    feeds = {}
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        t = vi.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else (dims or {}).get(d.dim_param, 1) for d in t.shape.dim]
-        dtype = DTYPES[t.elem_type]
-        if dtype in FLOAT_DTYPES:
-            feeds[vi.name] = rng.normal(0, 0.25, shape).astype(dtype)
-        else:
-            feeds[vi.name] = rng.integers(0, 16, shape).astype(dtype)
-    return feeds
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _agreement_line(name: str, o: OutputAgreement) -> str:
+    return f"  {name:24s} max |diff| {o.max_abs:.3g}  {o.worst:.3f} of tolerance  {'PASS' if o.ok else 'FAIL'}"
+
+
+def _step_lines(step: Step, multi: bool) -> list[str]:
+    """A step's outputs, one line each, except the KV cache (present.*): one line for all of them (the
+    worst), plus one per failing one."""
+    lines = [f"{step.label}:"] if multi or step.tokens else []
+    if step.tokens:
+        lines[0] += f" next token stock {step.tokens[0]}, imegen {step.tokens[1]}"
+    cache = [o for o in step.outputs if o.name.startswith("present")]
+    for o in step.outputs:
+        if o not in cache:
+            lines.append(_agreement_line(o.name, o))
+    if cache:
+        worst = max(cache, key=lambda o: o.worst)
+        summary = OutputAgreement(worst.name, max(o.max_abs for o in cache), worst.worst, all(o.ok for o in cache))
+        lines.append(_agreement_line(f"present.* ({len(cache)})", summary) + f"  (worst {worst.name})")
+        lines += [_agreement_line(o.name, o) for o in cache if not o.ok]
+    return lines
 
 
 def compare_outputs(stock: dict, mine: dict, level: int) -> list[OutputAgreement]:
@@ -86,39 +168,362 @@ def compare_outputs(stock: dict, mine: dict, level: int) -> list[OutputAgreement
         y1 = mine[name]
         if y0.dtype.type not in FLOAT_DTYPES:
             same = y0.shape == y1.shape and np.array_equal(y0, y1)
-            out.append(OutputAgreement(name, 0.0 if same else np.inf, 0.0 if same else np.inf, same))
+            out.append(OutputAgreement(name, 0.0 if same else np.inf, 0.0 if same else np.inf, same, y0.size))
             continue
         if y0.shape != y1.shape:
-            out.append(OutputAgreement(name, np.inf, np.inf, False))
+            out.append(OutputAgreement(name, np.inf, np.inf, False, y0.size))
             continue
         y0d, y1d = y0.astype(np.float64), y1.astype(np.float64)
         err = np.abs(y1d - y0d)
         ratio = err / (a + r * np.abs(y0d))
         worst = float(np.nan_to_num(ratio, nan=np.inf).max(initial=0.0))
-        out.append(OutputAgreement(name, float(err.max(initial=0.0)), worst, worst <= 1.0))
+        out.append(OutputAgreement(name, float(err.max(initial=0.0)), worst, worst <= 1.0, y0.size))
     return out
+
+
+# ------------------------------------------------------------------------------------------ reading the graph
+def _attrs(node) -> dict:
+    from onnx import helper
+
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _dims(vi) -> list:
+    """A graph input's dims: ints where static, the symbol's name (or None) where not."""
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in vi.type.tensor_type.shape.dim]
+
+
+class _Graph:
+    def __init__(self, model):
+        self.graph = model.graph
+        self.inits = {t.name: t for t in model.graph.initializer}
+        self.producer = {o: n for n in model.graph.node for o in n.output if o}
+        self.inputs = {vi.name: vi for vi in model.graph.input if vi.name not in self.inits}
+        self.outputs = {vi.name: vi for vi in model.graph.output}
+
+    def consumers(self, name: str) -> list[tuple[object, int]]:
+        return [(n, i) for n in self.graph.node for i, x in enumerate(n.input) if x == name]
+
+    def width(self, name: str) -> int | None:
+        """The last dimension of a tensor computed by a projection: MatMulNBits' N or a MatMul's constant B,
+        looked up through elementwise ops with a constant operand (bias Add) and casts."""
+        node = self.producer.get(name)
+        for _ in range(8):
+            if node is None:
+                return None
+            if node.op_type == "MatMulNBits":
+                return int(_attrs(node)["N"])
+            if node.op_type == "MatMul" and node.input[1] in self.inits:
+                return int(self.inits[node.input[1]].dims[-1])
+            rest = [x for x in node.input if x and x not in self.inits]
+            if node.op_type not in ("Add", "Mul", "Cast", "Identity") or len(rest) != 1:
+                return None
+            node = self.producer.get(rest[0])
+        return None
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """How to feed a decoder graph: its recognised inputs and how the KV cache is sized and fed back."""
+
+    input_ids: str
+    attention_mask: str | None
+    position_ids: str | None
+    past: tuple[tuple[str, tuple], ...]  # past input -> dims with "P" for the cache length
+    present: tuple[tuple[str, str], ...]  # past input <- the present output fed back to it
+    logits: str | None
+    vocab: int | None
+
+
+def _gqa_cache_dims(g: _Graph, name: str) -> tuple[int | None, int | None]:
+    """(kv heads, head size) from the GroupQueryAttention reading this past input: its kv_num_heads, and
+    the width of its query projection over (num_heads + 2 kv_num_heads) heads (packed q/k/v) or num_heads."""
+    for node, index in g.consumers(name):
+        if node.op_type == "GroupQueryAttention" and index in (3, 4):
+            a = _attrs(node)
+            heads, kv = int(a["num_heads"]), int(a["kv_num_heads"])
+            packed = len(node.input) < 2 or not node.input[1]
+            width = g.width(node.input[0])
+            return kv, (width // (heads + 2 * kv if packed else heads) if width else None)
+    return None, None
+
+
+def _cache_dims(g: _Graph, vi, dims: dict[str, int]) -> tuple:
+    """A past input's dims [batch, kv heads, cache length, head size]: static where the graph says, else
+    --dim, else batch 1, length "P", heads and head size from the attention node reading it."""
+    shape = _dims(vi)
+    if len(shape) != 4:
+        raise ModelCheckError(f"{vi.name}: expected a rank-4 KV cache [batch, heads, length, head size], "
+                              f"the graph says {shape}")
+    heads, head_size = _gqa_cache_dims(g, vi.name)
+    from_attention = {1: heads, 3: head_size}
+    out = []
+    for i, d in enumerate(shape):
+        if i == 2:
+            out.append("P")
+        elif isinstance(d, int) and d > 0:
+            out.append(d)
+        elif d in dims:
+            out.append(dims[d])
+        elif i == 0:
+            out.append(1)
+        elif from_attention[i] is not None:
+            out.append(from_attention[i])
+        else:
+            raise ModelCheckError(f"cannot size {vi.name}'s dimension {i} ({d or 'unnamed'}): "
+                                  f"give it with --dim {d or 'NAME'}=N")
+    return tuple(out)
+
+
+def _vocab(g: _Graph, logits: str | None, dims: dict[str, int]) -> int | None:
+    """The vocabulary size: the logits' last dimension, else the rows of the embedding table input_ids
+    indexes (a Gather, or a GatherBlockQuantized over a reshaped packed table)."""
+    if logits:
+        last = _dims(g.outputs[logits])[-1:]
+        if last and isinstance(last[0], int) and last[0] > 0:
+            return last[0]
+        if last and last[0] in dims:
+            return dims[last[0]]
+    for node, index in g.consumers("input_ids"):
+        if node.op_type in ("Gather", "GatherBlockQuantized") and index == 1 and not _attrs(node).get("axis", 0) \
+                and not _attrs(node).get("gather_axis", 0):
+            table = node.input[0]
+            while table not in g.inits and table in g.producer and g.producer[table].op_type in ("Reshape", "Cast"):
+                table = g.producer[table].input[0]
+            if table in g.inits:
+                return int(g.inits[table].dims[0])
+    return None
+
+
+def find_decoder(model, dims: dict[str, int] | None = None) -> Decoder | None:
+    """The decoder interface of `model`, or None when it has no `input_ids` input."""
+    dims = dims or {}
+    g = _Graph(model)
+    if "input_ids" not in g.inputs:
+        return None
+    past = tuple((name, _cache_dims(g, vi, dims)) for name, vi in g.inputs.items()
+                 if name.startswith("past_key_values"))
+    present = tuple((name, name.replace("past_key_values", "present", 1)) for name, _ in past
+                    if name.replace("past_key_values", "present", 1) in g.outputs)
+    logits = "logits" if "logits" in g.outputs else None
+    return Decoder("input_ids", "attention_mask" if "attention_mask" in g.inputs else None,
+                   "position_ids" if "position_ids" in g.inputs else None, past,
+                   present if len(present) == len(past) else (), logits, _vocab(g, logits, dims))
+
+
+# ------------------------------------------------------------------------------------------ feeds
+def _random_value(dtype, shape, rng) -> np.ndarray:
+    if dtype in FLOAT_DTYPES:
+        return rng.normal(0, 0.25, shape).astype(dtype)
+    return rng.integers(0, 16, shape).astype(dtype)
+
+
+def random_inputs(model, seed: int = 0, dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Seeded inputs for a graph that is not a decoder: floats ~ N(0, 0.25), integers in [0, 16), an
+    `attention_mask` all ones; symbolic dims from `dims` (default 1)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, vi in _Graph(model).inputs.items():
+        shape = [d if isinstance(d, int) and d > 0 else (dims or {}).get(d, 1) for d in _dims(vi)]
+        dtype = DTYPES[vi.type.tensor_type.elem_type]
+        feeds[name] = np.ones(shape, dtype) if name == "attention_mask" else _random_value(dtype, shape, rng)
+    return feeds
+
+
+def prefill_feeds(model, dec: Decoder, seq: int, past: int, seed: int, dims: dict[str, int]) -> dict[str, np.ndarray]:
+    """The first step's feeds: `seq` random token ids in [0, vocab) after a cache of `past` positions (random
+    keys and values ~ N(0, 1), as if an earlier prompt had filled it), an attention mask of ones over all
+    past + seq positions, position ids past .. past + seq - 1; other inputs random, their symbolic dims from
+    --dim (batch 1; sequence_length, past_sequence_length, total_sequence_length from the step)."""
+    if dec.vocab is None:
+        raise ModelCheckError("cannot tell the vocabulary size (no static last dimension on `logits`, no embedding "
+                              "table read by input_ids): give the logits' dimension with --dim NAME=N")
+    rng = np.random.default_rng(seed)
+    g = _Graph(model)
+    step = {**dims, "sequence_length": seq, "past_sequence_length": past, "total_sequence_length": past + seq,
+            **{b: 1 for b in BATCH_DIMS}}
+    cache = dict(dec.past)
+    feeds = {}
+    for name, vi in g.inputs.items():
+        dtype = DTYPES[vi.type.tensor_type.elem_type]
+        if name == dec.input_ids:
+            feeds[name] = rng.integers(0, dec.vocab, (1, seq)).astype(dtype)
+        elif name == dec.attention_mask:
+            feeds[name] = np.ones((1, past + seq), dtype)
+        elif name == dec.position_ids:
+            shape = [d if isinstance(d, int) and d > 0 else step.get(d, 1) for d in _dims(vi)]
+            feeds[name] = np.broadcast_to(np.arange(past, past + seq), shape).astype(dtype)
+        elif name in cache:
+            feeds[name] = rng.normal(0, 1, [past if d == "P" else d for d in cache[name]]).astype(dtype)
+        else:
+            shape = [d if isinstance(d, int) and d > 0 else step.get(d, 1) for d in _dims(vi)]
+            feeds[name] = _random_value(dtype, shape, rng)
+    return feeds
+
+
+def decode_feeds(dec: Decoder, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
+                 token: int) -> dict[str, np.ndarray]:
+    """The next step's feeds: one token, the attention mask one longer, the next position, this step's
+    present.* as past_key_values.*; other inputs as they were."""
+    nxt = dict(feeds)
+    ids = feeds[dec.input_ids]
+    nxt[dec.input_ids] = np.full(ids.shape[:-1] + (1,), token, ids.dtype)
+    if dec.attention_mask:
+        mask = feeds[dec.attention_mask]
+        nxt[dec.attention_mask] = np.concatenate([mask, np.ones(mask.shape[:-1] + (1,), mask.dtype)], axis=-1)
+    if dec.position_ids:
+        pos = feeds[dec.position_ids]
+        nxt[dec.position_ids] = pos[..., -1:] + 1
+    for past, present in dec.present:
+        nxt[past] = outputs[present]
+    return nxt
+
+
+def _cache_length(dec: Decoder, feeds: dict[str, np.ndarray]) -> int:
+    return int(feeds[dec.past[0][0]].shape[2]) if dec.past else 0
+
+
+def _argmax(dec: Decoder, outputs: dict[str, np.ndarray]) -> int | None:
+    if not dec.logits:
+        return None
+    logits = outputs[dec.logits]
+    return int(np.argmax(logits.reshape(-1, logits.shape[-1])[-1]))
+
+
+# ------------------------------------------------------------------------------------------ the check
+class _Pair:
+    """Stock and imegen sessions, run side by side (two QEMU processes)."""
+
+    def __init__(self, stock: RiscvSession, mine: RiscvSession):
+        self.stock, self.mine = stock, mine
+        self._pool = ThreadPoolExecutor(2)
+
+    def run(self, stock_feeds: dict[str, np.ndarray], mine_feeds: dict[str, np.ndarray]) -> tuple[dict, dict]:
+        a = self._pool.submit(self.stock.run, stock_feeds)
+        b = self._pool.submit(self.mine.run, mine_feeds)
+        return a.result(), b.result()
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+
+def _level(model) -> int:
+    levels = {int(next((a.i for a in n.attribute if a.name == "accuracy_level"), 0))
+              for n in model.graph.node if n.domain == "ai.imegen"}
+    return 4 if 4 in levels else 0
+
+
+def _decoder_steps(pair: _Pair, dec: Decoder, feeds: dict, level: int, generate: int) -> list[Step]:
+    """Prefill, then decode steps (one; or `generate`, the last generated token fed too so every token's
+    step is compared), each side fed its own present.* outputs, as a generation loop does. Checking
+    (generate 0) both sides decode the stock argmax, so a near-tie imegen breaks the other way still
+    compares like with like; generating, each side decodes its own argmax and the loop stops where they
+    differ."""
+    decodes = (generate or 1) if dec.present and dec.logits else 0
+    stock_feeds = mine_feeds = feeds
+    seq, past = feeds[dec.input_ids].shape[-1], _cache_length(dec, feeds)
+    label = f"prefill: {seq} token{'s' * (seq != 1)} at past {past}"
+    steps = []
+    for i in range(decodes + 1):
+        stock, mine = pair.run(stock_feeds, mine_feeds)
+        tokens = (_argmax(dec, stock), _argmax(dec, mine)) if dec.logits else None
+        steps.append(Step(label, tuple(compare_outputs(stock, mine, level)), tokens))
+        if i == decodes or (generate and tokens[0] != tokens[1]):
+            break
+        past += stock_feeds[dec.input_ids].shape[-1]
+        stock_feeds = decode_feeds(dec, stock_feeds, stock, tokens[0])
+        mine_feeds = decode_feeds(dec, mine_feeds, mine, tokens[1] if generate else tokens[0])
+        label = f"decode {i + 1}: 1 token at past {past}"
+    return steps
 
 
 def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: str = "<spec>", version: str = "1.23",
                 inputs: dict[str, np.ndarray] | None = None, seed: int = 0, dims: dict[str, int] | None = None,
-                threads: int = 1) -> ModelCheck:
+                threads: int = 1, seq: int = DEFAULT_SEQ, past: int = DEFAULT_PAST, generate: int = 0) -> ModelCheck:
+    """Check `model_path` in stock ORT vs ORT + imegen (see the module's docstring). `inputs` are the
+    (prefill) feeds, else random from `seed`; `dims` size symbolic dims (a decoder's sequence lengths
+    come from `seq` and `past`); `generate` > 0 greedy-decodes that many tokens on both sides."""
     import onnx
 
-    model = onnx.load(str(model_path))
+    dims = dict(dims or {})
+    if seq < 1 or past < 0 or generate < 0:
+        raise ModelCheckError(f"need seq >= 1, past >= 0, generate >= 0 (got {seq}, {past}, {generate})")
+    model = load_graph(model_path)
+    dec = find_decoder(model, dims)
+    if dec is not None and STEP_DIMS & dims.keys():
+        raise ModelCheckError(f"--dim {sorted(STEP_DIMS & dims.keys())[0]}: a decoder's sequence lengths come "
+                              "from --seq and --past")
+    if dec is not None and set(BATCH_DIMS) & dims.keys():
+        raise ModelCheckError(f"--dim {sorted(set(BATCH_DIMS) & dims.keys())[0]}: a decoder is checked at batch 1")
+    if generate and (dec is None or not dec.present or not dec.logits):
+        raise ModelCheckError("generating needs a decoder: inputs input_ids and past_key_values.*, "
+                              "outputs logits and present.*")
     lib = build_library(specs, spec_file, flavour="qemu")
     decisions = rewrite(model, specs)
-    feeds = inputs if inputs is not None else random_inputs(model, seed, dims)
-    levels = {int(next((a.i for a in n.attribute if a.name == "accuracy_level"), 0))
-              for n in model.graph.node if n.domain == "ai.imegen"}
-    level = 4 if 4 in levels else 0
+    check = ModelCheck(version, decisions, _level(model), generate=generate, kernels=tuple(s.name for s in specs))
+    if not check.moved:
+        return check  # nothing imegen would run: no session, and the report says so
+    if dec is not None:
+        feeds = inputs if inputs is not None else prefill_feeds(model, dec, seq, past, seed, dims)
+    else:
+        feeds = inputs if inputs is not None else random_inputs(model, seed, dims)
     with tempfile.TemporaryDirectory() as tmp:
         rewritten = Path(tmp) / "imegen.onnx"
-        onnx.save(model, str(rewritten), save_as_external_data=model.ByteSize() > 1_900_000_000)
-        with RiscvSession(model_path, version, threads=threads) as s:
-            stock = s.run(feeds)
-            ort_version = s.version
-        with RiscvSession(rewritten, version, custom_ops=lib, threads=threads) as s:
-            mine = s.run(feeds)
-            stats = parse_stats(s.stats())
-    check = ModelCheck(ort_version, decisions, level, compare_outputs(stock, mine, level), stats)
+        _save_beside(model, rewritten, Path(model_path))
+        with ThreadPoolExecutor(2) as pool:  # two QEMU start-ups at once
+            starting = [pool.submit(RiscvSession, model_path, version, threads=threads),
+                        pool.submit(RiscvSession, rewritten, version, custom_ops=lib, threads=threads)]
+            sessions = [_result_or_close(f, starting) for f in starting]
+        pair = _Pair(*sessions)
+        try:
+            check.ort_version = pair.stock.version
+            if dec is None:
+                stock, mine = pair.run(feeds, feeds)
+                check.steps = [Step("run", tuple(compare_outputs(stock, mine, check.level)))]
+            else:
+                check.steps = _decoder_steps(pair, dec, feeds, check.level, generate)
+            check.stats = parse_stats(pair.mine.stats())
+        finally:
+            pair.close()
+            for s in sessions:
+                s.close()
     return check
+
+
+def load_graph(path: str | Path):
+    """The model's graph, its external weights left in their files (they are not needed here, and a real
+    LLM's do not fit a protobuf)."""
+    import onnx
+
+    if not Path(path).is_file():
+        raise ModelCheckError(f"{path}: no such model file")
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # onnx raises DecodeError and friends
+        raise ModelCheckError(f"{path}: not an ONNX model ({e})") from None
+
+
+def _result_or_close(future, all_futures) -> RiscvSession:
+    """A started session; when one failed to start, close the others and raise its error."""
+    try:
+        return future.result()
+    except BaseException:
+        for f in all_futures:
+            if f is not future and f.exception() is None:
+                f.result().close()
+        raise
+
+
+def _save_beside(model, path: Path, original: Path) -> None:
+    """Save the rewritten graph (loaded without its external weights) where the original's external data
+    files are reachable: each is linked beside it, so ORT reads the weights from where they are (a real
+    LLM's gigabytes are never copied, nor pass through Python)."""
+    import onnx
+
+    onnx.save(model, str(path))
+    locations = {e.value for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+                 for e in t.external_data if e.key == "location"}
+    for location in locations:
+        link = path.parent / location
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to((original.parent / location).resolve())
