@@ -73,6 +73,7 @@ class ModelCheck:
     stats: dict[str, int] = field(default_factory=dict)
     generate: int = 0  # greedy tokens asked for (0: none)
     kernels: tuple[str, ...] = ()  # the library's kernel names (the stats' other counters are not calls)
+    peak_rss: tuple[int, int] = (0, 0)  # bytes: the stock and the imegen session's riscv64 process at the end
 
     @property
     def moved(self) -> int:
@@ -126,13 +127,23 @@ class ModelCheck:
         elements = sum(o.elements for o in self.outputs)
         lines.append(f"compared {len(self.outputs)} outputs in {len(self.steps)} step{'s' * (len(self.steps) != 1)}, "
                      f"{elements:,} elements")
-        calls = ", ".join(f"{k} {v}" for k, v in self.stats.items() if k != "vmadots" and v)
+        calls = ", ".join(f"{k} {self.stats[k]}" for k in self.kernels if self.stats.get(k))
         lines.append(f"imegen kernel calls: {calls or 'none'}"
                      + (f"; emulated vmadots {self.stats['vmadots']}" if "vmadots" in self.stats else ""))
+        lines += self._memory_lines()
         if not self.kernels_ran:
             lines.append("nothing was checked: the rewritten nodes never called an imegen kernel")
         lines.append("PASS" if self.ok else "FAIL")
         return "\n".join(lines)
+
+
+    def _memory_lines(self) -> list[str]:
+        stock, mine = self.peak_rss
+        if not stock:
+            return []
+        mib = 1 << 20
+        return [f"peak resident memory (QEMU process, after the last run): stock {stock / mib:.1f} MiB, imegen "
+                f"{mine / mib:.1f} MiB ({mine / stock:.2f}x); B packed by the library {self.stats.get('packed_bytes', 0) / mib:.1f} MiB"]
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:
@@ -483,6 +494,7 @@ def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: s
             else:
                 check.steps = _decoder_steps(pair, dec, feeds, check.level, generate)
             check.stats = parse_stats(pair.mine.stats())
+            check.peak_rss = (pair.stock.peak_rss(), pair.mine.peak_rss())
         finally:
             pair.close()
             for s in sessions:
