@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ort import mlas_check
 from . import reference as ref
-from .ort.mlas_abi import COMPUTE_FP32, DispatchPlan, Group
+from .abi import mlas_check
+from .abi.imegen import IMEGEN_ERR_VLEN
+from .abi.mlas import COMPUTE_FP32, DispatchPlan, Group
 from .plan import KernelPlan
 from .toolchain import ToolchainError
 from .verify import Build, Case, Result, build, compare, compilers_for, run_cases
 
-IMEGEN_ERR_VLEN = 1  # kernel.h.j2
 VLENS = (128, 256, 512)  # the harts check runs kernels on (QEMU -cpu rv64,vlen=...)
 NAN = float("nan")  # no error to report: a refusal computes nothing
 REFUSES = " (refuses)"  # the vlen column of a refusal row

@@ -13,12 +13,12 @@ from pathlib import Path
 from .check import check_dispatch, check_kernel, checked_cases, format_table, stderr_log
 from .errors import SpecError
 from .ir import load_specs
-from .ort.mlas_abi import DEFAULT_PIN, PINS, plan_dispatch
+from .abi.mlas import DEFAULT_PIN, PINS, plan_dispatch
 from .plan import KernelPlan, plan_kernel
 from .ort.ort_tree import OrtTreeError
 from .ort.sysroot import SysrootError
 from .outputs import write_if_changed, write_outputs
-from .perf import occupancy
+from .perf.model import occupancy
 from .render import march_for, render_spec
 from .toolchain import ToolchainError, missing_tools
 
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("spec")
     g.add_argument("-o", "--output", type=_folder, default="generated")
     g.add_argument("--ort", default=DEFAULT_PIN, choices=sorted(PINS),
-                   help=f"ORT version the MLAS glue is pinned to (default {DEFAULT_PIN}; see imegen/ort/mlas_abi.py)")
+                   help=f"ORT version the MLAS glue is pinned to (default {DEFAULT_PIN}; see imegen/abi/mlas.py)")
     c = sub.add_parser("check", help="generate, compile, run under QEMU, compare to NumPy")
     c.add_argument("spec")
     c.add_argument("--seed", type=_count(0), default=0)

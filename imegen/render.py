@@ -9,8 +9,9 @@ import jinja2
 
 from . import __version__, cache
 from .errors import SpecError
+from .abi import imegen as imegen_abi
+from .abi import mlas as mlas_abi
 from .names import dispatch_files, kernel_files
-from .ort import mlas_abi
 from .paths import shipped
 from .plan import KernelPlan
 
@@ -24,7 +25,10 @@ def vector_type(suffix: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def _env() -> jinja2.Environment:
+def env() -> jinja2.Environment:
+    """The Jinja2 environment of every template imegen renders (kernels, dispatches, the custom-op
+    library's kernel table, ORT patch hunks): strict about undefined names, the vtype filter, and the
+    version and templates hash the provenance headers show."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
         undefined=jinja2.StrictUndefined,
@@ -35,6 +39,7 @@ def _env() -> jinja2.Environment:
     env.filters["vtype"] = vector_type
     env.globals["version"] = __version__
     env.globals["templates_hash"] = templates_hash()
+    env.globals["status"] = imegen_abi.STATUS
     return env
 
 
@@ -50,7 +55,7 @@ def _shown_name(spec_file: str) -> str:
 
 
 def _render(template: str, plan: KernelPlan, spec_file: str) -> str:
-    return _env().get_template(template).render(plan=plan, P=f"{plan.name}_", spec_file=_shown_name(spec_file))
+    return env().get_template(template).render(plan=plan, P=f"{plan.name}_", spec_file=_shown_name(spec_file))
 
 
 def render_kernel(plan: KernelPlan, spec_file: str) -> dict[str, str]:
@@ -74,7 +79,7 @@ def render_dispatch(d: mlas_abi.DispatchPlan, spec_file: str) -> dict[str, str]:
     )
     names = dispatch_files(d.prefix)
     templates = ("dispatch.h.j2", "dispatch.c.j2", "mlas_dispatch.cpp.j2")
-    return {name: _env().get_template(t).render(**ctx) for name, t in zip(names, templates)}
+    return {name: env().get_template(t).render(**ctx) for name, t in zip(names, templates)}
 
 
 def march_for(plan: KernelPlan) -> str:

@@ -19,8 +19,8 @@ import pytest
 from imegen import cache, toolchain, verify
 from imegen.cli import main
 from imegen.ir import specs_from_text
-from imegen.ort import mlas_check
-from imegen.ort.mlas_abi import COMPUTE_INT8, plan_dispatch
+from imegen.abi import mlas_check
+from imegen.abi.mlas import COMPUTE_INT8, plan_dispatch
 from imegen.perf import measure, mlas_counts, plugin
 from imegen.perf.cli import output_dir
 from imegen.plan import plan_kernel
@@ -153,7 +153,7 @@ def test_build_keys_ignore_the_templates_stamp_but_not_the_code(monkeypatch):
     from imegen import render
 
     before = {name: key() for name, key in _keys().items()}
-    env = render._env()
+    env = render.env()
     monkeypatch.setitem(env.globals, "templates_hash", "0123456789abcdef")
     assert "(templates 0123456789abcdef)" in render.render_kernel(_plans()[0], "k.imegen")["k.h"]
     assert {name: key() for name, key in _keys().items()} == before

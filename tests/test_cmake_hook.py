@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from imegen.ort import mlas_check
+from imegen.abi import mlas_check
 from imegen.ir import load_specs
-from imegen.ort.mlas_abi import COMPUTE_FP32, COMPUTE_INT8, plan_dispatch
+from imegen.abi.mlas import COMPUTE_FP32, COMPUTE_INT8, plan_dispatch
 from imegen.plan import plan_kernel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +52,7 @@ def test_hook_cross_builds_and_runs_under_qemu(tmp_path):
 
     # The generation step depends on every input of the generator, subpackages included.
     rules = "".join(p.read_text(errors="replace") for p in (tmp_path / "build").rglob("build.make"))
-    for dep in ("imegen/ort/mlas_abi.py", "imegen/render.py", "templates/kernel.c.j2", "grammar/imegen.lark"):
+    for dep in ("imegen/abi/mlas.py", "imegen/render.py", "templates/kernel.c.j2", "grammar/imegen.lark"):
         assert str(ROOT / dep) in rules, dep
 
     # Nothing changed: no regeneration. A template-independent spec edit: regenerated.

@@ -215,8 +215,8 @@ def test_ime_with_a_wide_rvv_kernel_has_no_vlen_where_the_dispatch_is_supported(
     validator), the dispatch's generated supported() is false at every VLEN QEMU offers, so MLAS would
     never install it. At vlen 256 (what the validator allows) it is true at 256."""
     from imegen.ir import specs_from_text
-    from imegen.ort import mlas_check
-    from imegen.ort.mlas_abi import plan_dispatch
+    from imegen.abi import mlas_check
+    from imegen.abi.mlas import plan_dispatch
     from imegen.plan import plan_kernel
 
     spec_file = str(tmp_path / "mix.imegen")

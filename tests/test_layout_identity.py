@@ -32,8 +32,7 @@ def _digest(text: str) -> str:
 
 
 def _template(name: str):
-    env = render.env() if hasattr(render, "env") else render._env()
-    return env.get_template(name)
+    return render.env().get_template(name)
 
 
 def generated() -> dict[str, str]:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, strategies as st
 
-from imegen.ort import mlas_check
+from imegen.abi import mlas_check
 from imegen.errors import SpecError
 from imegen.ir import load_specs, specs_from_text
-from imegen.ort.mlas_abi import COMPUTE_FP32, COMPUTE_INT8, plan_dispatch
+from imegen.abi.mlas import COMPUTE_FP32, COMPUTE_INT8, plan_dispatch
 from imegen.plan import plan_kernel
 from imegen.toolchain import ToolchainError
 from imegen.render import render_spec
@@ -138,7 +138,7 @@ def test_mlas_settings_are_validated(text, message):
 
 
 # A stand-in for the parts of ORT's headers the glue uses (mlasi.h / qnbitgemm.h at the pinned
-# commit, mlas_abi.ORT_COMMIT), written from their declarations: a wrapper whose signature differs
+# commit, abi.mlas.ORT_COMMIT), written from their declarations: a wrapper whose signature differs
 # from MLAS's member type does not compile.
 ORT_STUB = """
 #pragma once

@@ -236,7 +236,7 @@ def test_per_core_split():
 
 @NEEDS_TOOLS
 def test_mlas_path_counts_next_to_imegen_abi(plugin_so):
-    from imegen.ort.mlas_abi import plan_dispatch
+    from imegen.abi.mlas import plan_dispatch
     from imegen.perf import mlas_counts
 
     text = """defaults { abi = mlas  compute = int8  block = 32  target = ime  panel = 16 }

@@ -1,2 +1,2 @@
-"""ONNX Runtime-facing modules: MLAS dispatch ABI (mlas_abi), the MLAS-driver check (mlas_check) and
-conformance against onnxruntime itself (ort_check)."""
+"""ONNX Runtime-facing modules: the custom-op library, model rewriting and checking, ORT source trees, and
+conformance against onnxruntime itself (ort_check). The MLAS ABI code generation needs is in imegen.abi."""

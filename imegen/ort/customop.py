@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import toolchain
 from ..ir import KernelSpec
 from ..plan import KernelPlan, plan_kernel
-from ..render import _env, march_for, render_kernel
+from ..render import env, march_for, render_kernel
 from .. import cache
 from . import sysroot
 from .serving import NodeNeeds, serve, serving_kernels  # noqa: F401 (the library's rule, re-exported)
@@ -58,7 +58,7 @@ def render_library(plans: list[KernelPlan], spec_file: str) -> dict[str, str]:
     files: dict[str, str] = {}
     for plan in plans:
         files.update(render_kernel(plan, spec_file))
-    files["customop_kernels.c"] = _env().get_template("customop_kernels.c.j2").render(
+    files["customop_kernels.c"] = env().get_template("customop_kernels.c.j2").render(
         plans=plans, spec_file=spec_file, domain=DOMAIN, layouts=layouts(plans))
     return files
 

@@ -530,14 +530,14 @@ def _dispatch_plan(specs: list[KernelSpec]):
     """The MLAS dispatch of a spec's abi=mlas kernels (as `imegen generate` would emit it), or None."""
     if not specs:
         return None
-    from .mlas_abi import plan_dispatch
+    from ..abi.mlas import plan_dispatch
 
     spec_file = specs[0].source.file if specs[0].source else "ort_check.imegen"
     return plan_dispatch([plan_kernel(s) for s in specs], spec_file)
 
 
 def _group_level(group) -> int:
-    from .mlas_abi import COMPUTE_FP32
+    from ..abi.mlas import COMPUTE_FP32
 
     return 0 if group.compute == COMPUTE_FP32 else 4
 
@@ -558,8 +558,8 @@ def dispatch_runs(d, full: bool) -> list[tuple[str, list[int]]]:
 def _run_dispatch(suite: Suite, d, compiler: str, vlens, log) -> list[Row]:
     """abi=mlas kernels through their generated dispatch, driven the way MLAS drives it
     (imegen/runtime/mlas_driver.c: packing, thread ranges, M = 1 vs gemm routing), on ORT's inputs."""
-    from . import mlas_check
-    from .mlas_abi import COMPUTE_INT8
+    from ..abi import mlas_check
+    from ..abi.mlas import COMPUTE_INT8
 
     cases, meta = [], []
     for g in d.groups:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__, cache, toolchain
-from ..render import _env
+from ..render import env
 
 ROOT = Path(__file__).resolve().parent.parent.parent  # the directory holding imegen/ and templates/
 BUILD_DIR = Path(__file__).resolve().parent / "mlas_build"
@@ -37,7 +37,7 @@ class OrtTreeError(Exception):
 
 @dataclass(frozen=True)
 class OrtSource:
-    pin: str  # mlas_abi.PINS key
+    pin: str  # abi.mlas.PINS key
     package: str
     version: str  # Debian source version
     orig: str  # upstream tarball file name
@@ -193,7 +193,7 @@ def make_patch(tree: Path, pin: str, hunks: tuple[Hunk, ...] = HUNKS) -> str:
     out = [header]
     for hunk in hunks:
         old = (tree / hunk.path).read_text()
-        new = _apply_hunk(old, hunk, _env().get_template(f"ort_patch/{hunk.template}").render(pin=pin))
+        new = _apply_hunk(old, hunk, env().get_template(f"ort_patch/{hunk.template}").render(pin=pin))
         out += difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                     f"a/{hunk.path}", f"b/{hunk.path}")
     return "".join(out)

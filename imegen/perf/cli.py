@@ -59,7 +59,7 @@ def _log(msg: str) -> None:
 
 def _mlas_counts(spec_file: str) -> str:
     from ..ir import load_specs
-    from ..ort.mlas_abi import plan_dispatch
+    from ..abi.mlas import plan_dispatch
     from ..plan import plan_kernel
     from . import mlas_counts
 

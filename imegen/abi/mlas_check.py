@@ -14,7 +14,7 @@ import numpy as np
 from .. import cache
 from .. import reference as ref
 from .. import toolchain
-from .mlas_abi import COMPUTE_INT8, DispatchPlan
+from .mlas import COMPUTE_INT8, DispatchPlan
 from ..render import render_dispatch, render_kernel
 from ..verify import Case, Comparison, Result, compare
 
@@ -24,7 +24,7 @@ DRIVER = toolchain.RUNTIME_DIR / "mlas_driver.c"  # the MLAS-driver stand-in
 @dataclass(frozen=True)
 class MlasCase:
     case: Case  # A, weights (ORT layout), bias
-    compute: int  # mlas_abi.COMPUTE_FP32 | COMPUTE_INT8
+    compute: int  # mlas.COMPUTE_FP32 | COMPUTE_INT8
 
 
 def sources(d: DispatchPlan, spec_file: str) -> dict[str, str]:
