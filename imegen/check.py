@@ -20,6 +20,7 @@ from .toolchain import ToolchainError
 from .verify import Build, Case, Result, build, compare, compilers_for, run_cases
 
 VLENS = (128, 256, 512)  # the harts check runs kernels on (QEMU -cpu rv64,vlen=...)
+QEMU_VLEN = 256  # where kernels without vector registers run
 NAN = float("nan")  # no error to report: a refusal computes nothing
 REFUSES = " (refuses)"  # the vlen column of a refusal row
 
@@ -45,19 +46,18 @@ class Row:
 
 
 def vlens_for(plan: KernelPlan) -> list[int | None]:
-    """VLENs to run at: IME only at 256; RVV at every VLEN from its minimum up to 512 (or at its
-    minimum, if that is above 512: never at none, which would pass without running)."""
+    """VLENs to run at: those of 128..512 the target accepts (IME only 256; RVV every one from its
+    minimum), or the kernel's own if it accepts none of them (RVV above 512: never at none, which would
+    pass without running). A kernel without vector registers runs once, at QEMU_VLEN."""
     s = plan.spec
-    if s.target == "ime":
-        return [256]
-    if s.target == "rvv":
-        return [v for v in VLENS if v >= s.vlen] or [s.vlen]
-    return [256]  # scalar under QEMU: VLEN is irrelevant
+    if not plan.target.vector:
+        return [QEMU_VLEN]  # VLEN is irrelevant
+    return [v for v in VLENS if plan.target.accepts_vlen(s, v)] or [s.vlen]
 
 
 def refused_vlens(plan: KernelPlan) -> list[int]:
     """The VLENs of 128..512 a vector kernel does not accept: there it must return IMEGEN_ERR_VLEN."""
-    if plan.spec.target == "scalar":
+    if not plan.target.vector:
         return []
     return [v for v in VLENS if v not in vlens_for(plan)]
 
@@ -172,7 +172,7 @@ def check_kernel(plan: KernelPlan, spec_file: str, *, seed: int = 0, log=None) -
             if log:
                 log(f"  {plan.name}: {compiler}, vlen {vlen}: {len(shapes)} shapes, must refuse")
             rows.append(refusal_row(b, vlen, random_cases))
-    if plan.spec.target == "scalar":  # also natively, as the portable reference build
+    if plan.target.host_build:  # also natively, as the portable reference build
         try:
             results = run_cases(build(plan, spec_file, host=True), random_cases + exact_cases, vlen=None)
             rows.append(_row(plan, "host cc", "-", random_cases, exact_cases, results))
@@ -193,17 +193,15 @@ def _group_shapes(g: Group) -> list[tuple[int, int, int]]:
 
 
 def dispatch_vlens(d: DispatchPlan) -> list[int]:
-    """VLENs a dispatch runs at: 256 with an IME kernel, else each from its RVV kernels' minimum up to
-    512 (or that minimum, if above 512: as vlens_for, never none)."""
-    if "ime" in {p.spec.target for p in d.kernels}:
-        return [256]
+    """VLENs a dispatch runs at: those of 128..512 every kernel accepts (256 with an IME kernel, else each
+    from its RVV kernels' minimum up), or that minimum, if above 512 (as vlens_for, never none)."""
     need = max(p.spec.vlen or 128 for p in d.kernels)
-    return [v for v in VLENS if v >= need] or [need]
+    return [v for v in VLENS if all(p.target.accepts_vlen(p.spec, v) for p in d.kernels)] or [need]
 
 
 def dispatch_refused_vlens(d: DispatchPlan) -> list[int]:
     """The VLENs of 128..512 a dispatch with vector kernels does not accept: there supported() must say no."""
-    if all(p.spec.target == "scalar" for p in d.kernels):
+    if not any(p.target.vector for p in d.kernels):
         return []
     return [v for v in VLENS if v not in dispatch_vlens(d)]
 
@@ -224,11 +222,10 @@ def check_dispatch(d: DispatchPlan, spec_file: str, *, seed: int = 0, log=None) 
     """abi=mlas kernels are checked through their dispatch, driven the way MLAS drives it; at the other
     VLENs of 128..512, its supported() must refuse."""
     rng = np.random.default_rng(seed)
-    targets = {p.spec.target for p in d.kernels}
     vlens = dispatch_vlens(d)
     rows = []
     group_targets = {}  # "+"-joined kernel names -> target label
-    for compiler in ["clang"] + ([] if "rvv" in targets else ["gcc"]):
+    for compiler in [c for c in ("clang", "gcc") if all(c in p.target.compilers for p in d.kernels)]:
         exe = mlas_check.build(d, spec_file, compiler=compiler)
         for g in d.groups:
             names = [p.name for p in (g.m1, g.dequant, g.gemv, g.gemm) if p]

@@ -1,77 +1,22 @@
 """Stage 2: raw settings -> a validated, frozen KernelSpec.
 
-Every rule that decides whether a kernel can run on its target lives in this file, so a
-spec is either refused here (with the position of the offending setting and the reason) or
-is known to be generatable.
+Every rule that decides whether a kernel can run on its target is applied here, so a spec is
+either refused here (with the position of the offending setting and the reason) or is known to be
+generatable. The generic rules live in this file; each target's own (imegen/targets/NAME) are asked
+through its Target hooks (validate, mlas_refusal, options, register_budget).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import fields, replace
 from pathlib import Path
 
+from . import targets
 from .errors import Span, SpecError
 from .names import dispatch_files, dispatch_prefix, reserved_names
 from .parse import Block, Setting, ValueList, parse_file, parse_text
-
-VECTOR_REGISTERS = 32
-IME_VLEN = 256  # K1/X60: vmadot's 4x8x4 int8 tile is defined for VLEN=256 only.
-IME_FOLD_REGS = 16  # the per-block vector fold: 8 even register pairs (see ime_folds.ime_fold)
-# The fold of a kernel whose fp32 accumulators stay in registers: index tables, scale staging,
-# spread B scales, products and one row tile's spread A scales (6 even pairs, ime_folds._signed_fold).
-IME_FOLD_REGS_IN_REGISTERS = 12
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    name: str
-    op: str = "gemm"  # gemm (M>1, prefill) | gemv (M=1, decode)
-    bits: int = 4  # weight bits: 4 | 8
-    block: int = 32  # quantization block size along K
-    zero_point: str = "symmetric"  # symmetric (implicit 2^(bits-1)) | asymmetric (ORT uint8-packed) | blksum (8-bit MLAS)
-    bias: bool = False
-    compute: str = "fp32"  # fp32 (dequantize B, fp32 FMA) | int8 (quantize A per block, integer dots)
-    target: str = "scalar"  # ime | rvv | scalar
-    vlen: int | None = None  # ime: 256; rvv: the smallest VLEN the kernel accepts
-    tile_m: int = 1  # register-blocked output tile, rows
-    tile_n: int = 16  # ... and columns
-    k_unroll: int = 2  # K steps per inner-loop iteration (ime: 8-k vmadot steps; else single k)
-    unpack: str = "planar"  # int4 nibble order in packed B: planar (k, k+8) | interleaved (k, k+1)
-    panel: int = 16  # packed-B column panel width
-    scales: str = "inline"  # scales/zero points: inline (ahead of each panel block) | separate | ort (raw ORT arrays)
-    abi: str = "imegen"  # imegen (NAME_matmul) | mlas (ORT MLAS QNBitGemm dispatch entry points)
-    scale_type: str = "fp32"  # packed-B scales: fp32 (ORT's) | fp16 (half the scale bytes, int8 compute only)
-    stage_b: str = "tile"  # int4 B unpacked by each tile | once per M block into the workspace (staged_b_refusal)
-    spread: str = "group"  # the fold spreads scales over the accumulator lanes by one vrgather per LMUL-4 group | per register (spread_refusal)
-    a_scale_type: str = "fp32"  # A's block scales: fp32 (MLAS CompInt8) | fp16, rounded up, A quantized with it (a_fp16_refusal)
-    # Routing in the custom-op library (the generated code does not depend on these): the weight shapes
-    # (N, K) the kernel was chosen for (empty: any), the fewest rows a gemm kernel is chosen for, and
-    # whether it only runs slices whose thread cannot reach an IME hart.
-    shapes: tuple[tuple[int, int], ...] = ()
-    min_rows: int = 2
-    fallback: bool = False
-    source: Span | None = field(default=None, compare=False)
-
-    def describe(self) -> str:
-        """One line with every setting, for generated-file headers and tables."""
-        vlen = f" vlen={self.vlen}" if self.vlen else ""
-        return (
-            f"op={self.op} bits={self.bits} block={self.block} zero_point={self.zero_point} "
-            f"bias={'yes' if self.bias else 'no'} compute={self.compute} target={self.target}{vlen} "
-            f"tile={self.tile_m}x{self.tile_n} k_unroll={self.k_unroll} unpack={self.unpack} "
-            f"panel={self.panel} scales={self.scales} scale_type={self.scale_type} abi={self.abi}"
-            + (f" stage_b={self.stage_b}" if self.stage_b != "tile" else "")
-            + (f" spread={self.spread}" if self.spread != "group" else "")
-            + (f" a_scale_type={self.a_scale_type}" if self.a_scale_type != "fp32" else "")
-            + self.describe_routing()
-        )
-
-    def describe_routing(self) -> str:
-        """The routing settings that differ from their defaults, as ` key=value` words."""
-        return ((f" shapes={','.join(f'{n}x{k}' for n, k in self.shapes)}" if self.shapes else "")
-                + (f" min_rows={self.min_rows}" if self.min_rows != 2 else "")
-                + (" fallback=yes" if self.fallback else ""))
-
+from .spec import KernelSpec
+from .targets.base import VECTOR_REGISTERS
 
 # key -> (field name, allowed values or a type). Order is the order shown in error messages.
 _CHOICES: dict[str, tuple[str, object]] = {
@@ -81,7 +26,7 @@ _CHOICES: dict[str, tuple[str, object]] = {
     "zero_point": ("zero_point", ("symmetric", "asymmetric")),
     "bias": ("bias", ("yes", "no")),
     "compute": ("compute", ("fp32", "int8")),
-    "target": ("target", ("ime", "rvv", "scalar")),
+    "target": ("target", targets.NAMES),
     "vlen": ("vlen", (128, 256, 512, 1024)),
     "tile": ("tile", tuple),  # each dimension in TILE_RANGE
     "k_unroll": ("k_unroll", (1, 2, 4, 8)),
@@ -181,165 +126,14 @@ def _collect(settings: tuple[Setting, ...], into: dict[str, Setting]) -> None:
         into[s.key] = s
 
 
-def lmul_for(bits_needed: int, vlen: int) -> int:
-    """Smallest power-of-two LMUL whose register group holds `bits_needed` bits at `vlen`."""
-    lmul = 1
-    while lmul * vlen < bits_needed:
-        lmul *= 2
-    return lmul
-
-
-def gemv_fold_lmul(tile_n: int) -> int:
-    """LMUL of the gemv fold's e32 vectors: the row's tile_n results."""
-    return lmul_for(tile_n * 32, IME_VLEN)
-
-
-def zero_points_in_b(spec: KernelSpec) -> str | None:
-    """4-bit IME gemm kernels subtract the zero point from each unpacked B code (q - zp fits int8) and
-    run signed vmadot, so the block fold needs no zp * sum(a) correction: 'asymmetric' (a register
-    run of spread zero points, na registers), 'symmetric' (vadd -8), or None (the fold corrects)."""
-    if spec.target == "ime" and spec.bits == 4 and spec.tile_m > 1 and spec.zero_point in ("symmetric", "asymmetric"):
-        return spec.zero_point
-    return None
-
-
-def zp_nibbles(spec: KernelSpec) -> bool:
-    """4-bit IME gemv packs its zero points two per byte, as ORT does (decode is DRAM-bound: at block
-    32 one byte per column and block is 5% of the weight bytes, a nibble 2.7%); its fold unpacks them
-    (see ime_folds.gemv_fold). Other kernels keep one byte per column: their loops spread zero points per byte."""
-    return (spec.target == "ime" and spec.tile_m == 1 and spec.bits == 4 and spec.zero_point == "asymmetric"
-            and spec.scales != "ort")
-
-
-def _ime_loop_registers(spec: KernelSpec) -> tuple[int, int, int, int]:
-    """IME gemm: (int32 accumulators, A tile, B tile, spread zero-point) registers of the k loop."""
-    ma, na = max(1, spec.tile_m // 4), spec.tile_n // 4
-    zp = na if zero_points_in_b(spec) == "asymmetric" else 0
-    return 2 * ma * na, ma * spec.k_unroll, na * spec.k_unroll, zp
-
-
-def fp32_acc_in_registers(spec: KernelSpec) -> bool:
-    """4-bit IME gemm kernels (imegen ABI) whose fp32 tile accumulators fit in vector registers next
-    to the loop's and the fold's: one asm statement runs the whole K loop and the fp32 accumulators
-    never go to memory (else they are loaded and stored once per block). A planner decision, not a
-    DSL option: it holds for small tiles (at most 5 4x4 accumulator pairs, e.g. 4x16 and 8x8 at
-    k_unroll 2) and changes only speed, never results."""
-    if not zero_points_in_b(spec) or spec.scales == "ort":
-        return False
-    if staged(spec):  # staged_b_refusal admits only tiles written with them in registers
-        return True
-    acc, a, b, zp = _ime_loop_registers(spec)
-    return 2 * acc + a + b + zp <= VECTOR_REGISTERS and 2 * acc + IME_FOLD_REGS_IN_REGISTERS <= VECTOR_REGISTERS
-
-
-def staged_b_refusal(spec: KernelSpec) -> str | None:
-    """Why `stage_b = m_block` cannot be generated for spec (None: it can). Staged, the int4 B of an
-    N tile is unpacked (minus its zero points) and its scales are spread over the fold's lanes once
-    per M block into the workspace; every tile of the block then loads them instead of unpacking:
-    the loop keeps only loads and vmadots, the fold one load for the B scales (fp16 ones widened
-    while staging). The form is written for the tuner's prefill winners: two 4-column B tiles, one
-    or two 4-row A tiles, two 8-k steps per iteration, fp32 accumulators and the fold's index tables
-    in registers; and 8x12 with a_scale_type = fp16 (three B tiles, one k-step of them loaded at a
-    time), whose fold spreads the fp16 scales with no table (ime_staged._staged_8x12_plan)."""
-    if spec.target != "ime" or spec.op != "gemm" or spec.bits != 4 or spec.abi != "imegen":
-        return "stage_b = m_block stages unpacked int4 B for IME gemm kernels: it needs target ime, op gemm, bits 4, abi imegen"
-    shape = (spec.tile_m, spec.tile_n)
-    if shape not in ((4, 8), (8, 8), (8, 12)) or spec.k_unroll != 2:
-        return (f"stage_b = m_block is generated for tiles 4x8, 8x8 and 8x12 at k_unroll 2 (fp32 accumulators, staged B and "
-                f"the fold's registers all fit), not {spec.tile_m}x{spec.tile_n} at k_unroll {spec.k_unroll}")
-    if shape == (8, 12) and spec.a_scale_type != "fp16":
-        return ("stage_b = m_block with tile 8x12 is generated with a_scale_type = fp16 (and scale_type = fp16): "
-                "its fold has registers for the fp16 scales' spreads only")
-    return None
-
-
-def spread_refusal(spec: KernelSpec) -> str | None:
-    """Why `spread = per_register` cannot be generated for spec (None: it can). The fold of two-column-
-    tile kernels with fp32 accumulators in registers spreads the A and B scales over an LMUL-4 group
-    of accumulator lanes with one vrgatherei16 each; per_register does it with LMUL-1 vrgathers (and
-    a whole-register copy where two registers need the same lanes): more instructions, but LLVM's
-    hardware-measured X60 schedule gives an LMUL-4 vrgather 64 cycles of the vector integer unit and
-    an LMUL-1 one 4 (docs/ime-isa.md §7)."""
-    if spec.target != "ime" or spec.op != "gemm" or spec.abi != "imegen":
-        return "spread = per_register changes the fold of IME gemm kernels: it needs target ime, op gemm, abi imegen"
-    if staged(spec):  # staged_b_refusal admits only tiles whose staged fold spreads A scales over LMUL-4 groups
-        return None
-    in_regs = fp32_acc_in_registers(spec)
-    # With the fp32 accumulators in registers, the folds that keep their index tables in registers
-    # (ime_folds.paired_column_fold, _grouped_signed_fold) exist up to these sizes; with them in memory, the
-    # column-pair fold of 8-row tiles (ime_folds.column_pair_fold). tests/test_kernels.py plans every setting.
-    if in_regs and max(spec.tile_m, spec.tile_n) <= 12 and spec.tile_m * spec.tile_n * spec.k_unroll <= 128:
-        return None
-    if not in_regs and zero_points_in_b(spec) and spec.tile_m == 8 and spec.tile_n <= 16:
-        return None
-    return (f"spread = per_register is generated for tiles up to 12x12 and TM x TN x k_unroll <= 128 with the fp32 "
-            f"accumulators in registers, 8-row tiles up to 16 columns with them in memory, and staged kernels; not "
-            f"{spec.tile_m}x{spec.tile_n} at k_unroll {spec.k_unroll}" + ("" if in_regs else " with the fp32 accumulators in memory"))
-
-
-def a_fp16_refusal(spec: KernelSpec) -> str | None:
-    """Why `a_scale_type = fp16` cannot be generated for spec (None: it can). Each A block's scale is
-    max|a| / 127 rounded up to an fp16 value and A is quantized with exactly that scale (codes stay
-    within +-127; an A block above 127 x 65504 has no such scale, and matmul returns
-    IMEGEN_ERR_RANGE). The fold then multiplies the two fp16 scales with one widening vfwmul (Zvfh,
-    which the X60 has: docs/ime-isa.md §5) into their exact fp32 product, where fp32 A scales need
-    the B scales widened (vfwcvt) and multiplied in fp32. Written for the staged fold (whose spreads
-    then run at e16, the spread B scales taking half the bytes) and the IME gemv fold (the row's
-    scale as a scalar: vfwmul.vf)."""
-    if spec.target != "ime" or spec.abi != "imegen" or spec.scale_type != "fp16" or not (staged(spec) or spec.op == "gemv"):
-        return ("a_scale_type = fp16 is generated for IME kernels with fp16 B scales (scale_type = fp16) whose fold "
-                "multiplies two fp16 scales: the staged fold (stage_b = m_block) and op gemv")
-    if spec.spread != "group":
-        return "a_scale_type = fp16 spreads its e16 scales by LMUL-1 gathers already; remove 'spread'"
-    return None
-
-
-def staged(spec: KernelSpec) -> bool:
-    return spec.stage_b == "m_block"
-
-
 def register_budget(spec: KernelSpec) -> dict[str, int]:
-    """Vector registers the kernel's inner loop keeps live, by class (0 for scalar)."""
-    if spec.target == "ime":
-        ma, na = max(1, spec.tile_m // 4), spec.tile_n // 4
-        if spec.tile_m == 1:  # gemv: an even pair per 4 k-steps (slides read vs1+1), one if no slide runs
-            a_regs = 1 if spec.k_unroll == 1 else 2 * -(-spec.k_unroll // 4)
-        else:
-            a_regs = ma * spec.k_unroll
-        b_regs = na * spec.k_unroll
-        # After the k loop the A/B registers are dead and the vector fold (fp32 scaling, zero-point
-        # correction) needs 8 register pairs of its own (gemv: three e32 groups of the row's TN lanes
-        # above the accumulators, see ime_folds.gemv_fold): count whichever phase needs more.
-        loop = 2 * ma * na + a_regs + b_regs
-        in_regs = fp32_acc_in_registers(spec)
-        if spec.tile_m == 1:
-            g = gemv_fold_lmul(spec.tile_n)
-            fold = -(-2 * na // g) * g + 3 * g - loop
-        elif in_regs:
-            fold = IME_FOLD_REGS_IN_REGISTERS - a_regs - b_regs
-        else:
-            fold = IME_FOLD_REGS - a_regs - b_regs
-        if staged(spec) and na == 3:  # 8x12: columns 0..7 one k-step at a time, 8..11 of two; no tables (ime_staged)
-            return {"int32 accumulators": 12, "fp32 accumulators": 12, "A tiles": a_regs, "B tiles": na + 1}
-        if staged(spec):  # no zero points or unpacking in the loop; the fold's tables and B scales stay apart
-            return {"int32 accumulators": 2 * ma * na, "fp32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": b_regs,
-                    "index tables": 2 * ma, "spread B scales": 4}
-        zp = na if zero_points_in_b(spec) == "asymmetric" else 0
-        budget = {"int32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": b_regs}
-        if in_regs:
-            budget = {"int32 accumulators": 2 * ma * na, "fp32 accumulators": 2 * ma * na, "A tiles": a_regs, "B tiles": b_regs}
-        if zp:
-            budget["B zero points"] = zp
-        return {**budget, "fold temporaries": max(0, fold - zp)}
-    if spec.target == "rvv":
-        if spec.compute == "fp32":
-            l32 = lmul_for(spec.tile_n * 32, spec.vlen)
-            return {"fp32 accumulators": spec.tile_m * l32, "B codes": 1, "dequantized B": l32,
-                    "scales": l32, "zero points": l32}
-        l16 = lmul_for(spec.tile_n * 16, spec.vlen)
-        return {"int32 accumulators": spec.tile_m * 2 * l16, "fp32 accumulators": spec.tile_m * 2 * l16,
-                "B codes": 1, "B int16": l16, "zero points": l16, "scales": 2 * l16}
-    return {}
+    """Vector registers the kernel's inner loop keeps live, by class (empty for scalar)."""
+    return targets.of(spec).register_budget(spec)
+
+
+# DSL settings whose non-default values only some target offers (Target.options), in the order checked.
+_TARGET_OPTIONS = ("stage_b", "spread", "a_scale_type")
+_DEFAULTS = {f.name: f.default for f in fields(KernelSpec)}
 
 
 def _refuse(where: dict[str, Setting], key: str, fallback: Span | None, message: str):
@@ -364,6 +158,8 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
     def refuse(key: str, message: str):
         _refuse(s, key, span, f"kernel '{name}': {message}")
 
+    target = targets.of(spec)
+
     if spec.abi == "mlas":
         runtime = {"zero_point": "zero points from ORT at run time (packed uint8, or NULL when symmetric)",
                    "bias": "the bias from ORT at run time (or NULL)", "scales": "ORT's raw scale array"}
@@ -376,9 +172,9 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
         if MLAS_N_ALIGN % spec.panel:
             refuse("panel", f"abi mlas: panel {spec.panel} must divide {MLAS_N_ALIGN}, because MLAS offsets packed B by "
                    f"RangeStartN * ldb with RangeStartN a multiple of {MLAS_N_ALIGN}")
-        if spec.target == "ime" and spec.bits == 4 and spec.unpack == "interleaved":
-            refuse("unpack", "abi mlas with target ime needs unpack = planar: MLAS quantizes A in natural k order, "
-                   "and interleaved nibbles would need A's k order permuted to match the unpacked B tiles")
+        why = target.mlas_refusal(spec)
+        if why:
+            refuse(*why)
         # Zero points and bias arrive (or not) at run time; the kernels handle both. 8-bit: MLAS
         # hands zero points over as per-block sums (see KernelPlan.blksum).
         spec = replace(spec, zero_point="blksum" if spec.bits == 8 else "asymmetric", bias=False, scales="ort")
@@ -388,22 +184,15 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
         if spec.compute != "int8":
             refuse("scale_type", "fp16 scales (11-bit mantissa) put fp32-compute results outside ORT's accuracy_level 0/1 "
                    "tolerance; use them with compute = int8")
-    if staged(spec):
-        why = staged_b_refusal(spec)
-        if why:
-            refuse("stage_b", why)
-    if spec.spread != "group":
-        why = spread_refusal(spec)
-        if why:
-            refuse("spread", why)
-    if spec.a_scale_type == "fp16":
-        why = a_fp16_refusal(spec)
-        if why:
-            refuse("a_scale_type", why)
+    for key in _TARGET_OPTIONS:
+        if getattr(spec, key) != _DEFAULTS[key]:
+            why = targets.option_refusal(key, spec)
+            if why:
+                refuse(key, why)
     if spec.op == "gemv" and "min_rows" in s:
         refuse("min_rows", "a gemv kernel serves M = 1; min_rows chooses among gemm kernels")
-    if spec.fallback and spec.target == "ime":
-        refuse("fallback", "a fallback kernel runs where no IME hart is reachable, so its target must be rvv or scalar")
+    if spec.fallback and target.fallback_refusal:
+        refuse("fallback", target.fallback_refusal)
     if spec.fallback and spec.abi == "mlas":
         refuse("fallback", "fallback kernels serve imegen's custom-op library (abi = imegen); MLAS has no IME routing")
     if spec.op == "gemv" and spec.tile_m != 1:
@@ -414,31 +203,7 @@ def build_spec(name: str, s: dict[str, Setting], span: Span | None) -> KernelSpe
         refuse("tile", f"tile width {spec.tile_n} does not divide the default panel width {spec.panel}; set panel to "
                f"a multiple of {spec.tile_n} (e.g. panel = {spec.tile_n})")
 
-    if spec.target == "scalar":
-        if spec.vlen is not None:
-            refuse("vlen", "target scalar uses no vector registers; remove 'vlen'")
-        if spec.tile_m * spec.tile_n > 256:
-            refuse("tile", f"scalar tile {spec.tile_m}x{spec.tile_n} has more than 256 accumulators")
-    elif spec.target == "ime":
-        if spec.compute != "int8":
-            refuse("compute", "vmadot multiplies int8 operands; target ime needs compute = int8 (use rvv or scalar for fp32)")
-        if spec.vlen not in (None, IME_VLEN):
-            refuse("vlen", f"IME's 4x8x4 vmadot tile exists only at VLEN={IME_VLEN} (K1), not {spec.vlen}")
-        spec = replace(spec, vlen=IME_VLEN)
-        if spec.tile_n % 4:
-            refuse("tile", f"tile width {spec.tile_n} is not a multiple of vmadot's 4 output columns")
-        if spec.tile_m != 1 and spec.tile_m % 4:
-            refuse("tile", f"tile height {spec.tile_m} is neither 1 (gemv, one live row) nor a multiple of vmadot's 4 rows")
-        if spec.bits == 4 and spec.k_unroll % 2:
-            refuse("k_unroll", "4-bit IME needs an even k_unroll: one 32-byte B load unpacks into two 8-k vmadot steps")
-        if spec.block % (8 * spec.k_unroll):
-            refuse("k_unroll", f"block {spec.block} is not a multiple of the K step 8*k_unroll = {8 * spec.k_unroll}")
-    else:  # rvv
-        spec = replace(spec, vlen=spec.vlen or 128)
-        if spec.tile_n * 32 > 8 * spec.vlen:  # fp32 or int32 accumulators: TN x 32 bits per row
-            refuse("tile", f"tile width {spec.tile_n} needs LMUL > 8 at VLEN={spec.vlen}")
-    if spec.target != "ime" and spec.block % (2 * spec.k_unroll):
-        refuse("k_unroll", f"block {spec.block} is not a multiple of the K step 2*k_unroll = {2 * spec.k_unroll}")
+    spec = target.validate(spec, refuse)
 
     budget = register_budget(spec)
     if sum(budget.values()) > VECTOR_REGISTERS:
@@ -501,18 +266,21 @@ def _check_dispatch_names(specs: list[KernelSpec], filename: str) -> None:
 
 def _check_dispatch_vlens(specs: list[KernelSpec]) -> None:
     """A spec's abi = mlas kernels form one MLAS dispatch, whose supported() holds only where every one of
-    them runs: VLEN = 256 for IME, VLEN >= vlen for RVV. With IME fixing VLEN at 256, an RVV kernel that
-    needs more leaves no hart where MLAS would install the dispatch."""
+    them runs (Target.accepts_vlen: VLEN = 256 for IME, VLEN >= vlen for RVV). A kernel whose target runs
+    at one VLEN only (IME: 256) fixes the dispatch's; a kernel that refuses that VLEN leaves no hart where
+    MLAS would install the dispatch."""
     mlas = [s for s in specs if s.abi == "mlas"]
-    ime = next((s for s in mlas if s.target == "ime"), None)
-    if ime is None:
+    pinned = next((s for s in mlas if targets.of(s).only_vlen is not None), None)
+    if pinned is None:
         return
+    vlen = targets.of(pinned).only_vlen
     for spec in mlas:
-        if spec.target == "rvv" and spec.vlen > IME_VLEN:
-            raise SpecError(spec.source, f"kernel '{spec.name}': needs VLEN >= {spec.vlen}, but it shares the MLAS "
-                            f"dispatch (all abi = mlas kernels of a spec) with IME kernel '{ime.name}', which runs only "
-                            f"at VLEN = {IME_VLEN}: the dispatch's supported() would be false on every hart; use "
-                            f"vlen <= {IME_VLEN}, or abi = imegen")
+        if not targets.of(spec).accepts_vlen(spec, vlen):
+            raise SpecError(spec.source, f"kernel '{spec.name}': needs {targets.of(spec).vlen_need(spec)}, but it shares "
+                            f"the MLAS dispatch (all abi = mlas kernels of a spec) with {targets.of(pinned).title} kernel "
+                            f"'{pinned.name}', which runs only at VLEN = {vlen}: the dispatch's supported() would be false "
+                            f"on every hart; use vlen <= {vlen}, or abi = imegen")
+
 
 
 def load_specs(path: str | Path) -> list[KernelSpec]:

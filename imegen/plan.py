@@ -1,22 +1,18 @@
 """Stage 3: KernelSpec -> KernelPlan, every number and layout formula the templates need.
 
 Templates only place what is decided here: packed-B and A-workspace index formulas (as C
-expressions), RVV type names, and for IME the fixed register map and the inner-loop
-instruction list with each vmadot already encoded.
+expressions), and the target's own part (its Target.lower): RVV type names, or for IME the fixed
+register map and the inner-loop instruction list with each vmadot already encoded.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from .ime_asm import MAX_UNROLLED_ITERATIONS, AsmOp, ImePlan, gathers_per_register, lmul_name, tile_end_ops, zero_accumulators
-from .ime_encoding import encode_vmadot, mnemonic
-from .ime_folds import (PAIRED_FOLD_INDEX, PER_REGISTER_FOLD_INDEX, column_pair_fold, gemv_facc_group, gemv_fold, ime_fold,
-                        paired_column_fold)
-from .ime_staged import staged_ime_plan
-from .ir import (KernelSpec, fp32_acc_in_registers, gemv_fold_lmul, lmul_for, register_budget, staged, zero_points_in_b,
-                 zp_nibbles)
+from . import targets
+from .ir import register_budget
+from .spec import KernelSpec
+from .targets.base import Target
 
 # M blocking: the rows of A's workspace one pass over all N tiles reuses stay within 3/4 of the K1's
 # 512 KB cluster L2, so A is read from L2 (and the packed B streamed once per M block) instead of A
@@ -24,13 +20,6 @@ from .ir import (KernelSpec, fp32_acc_in_registers, gemv_fold_lmul, lmul_for, re
 # remaining quarter), so the larger the block the fewer times B streams: at K = 4864 (Qwen's down
 # projection) 64 rows instead of 40, i.e. 2 passes of B instead of 4 at M = 128.
 A_BLOCK_BYTES = 384 * 1024
-
-
-# A int8 signed x B raw unsigned codes, zero points folded in the epilogue (8-bit, and 4-bit gemv);
-# signed x signed when 4-bit gemm kernels subtract the zero points from the unpacked B (ir.zero_points_in_b)
-# and for 8-bit MLAS kernels, which store B as signed q - 128 and fold zero points through MLAS's block
-# sums (KernelPlan.blksum).
-IME_SIGNEDNESS = {False: "su", True: "ss"}
 
 
 @dataclass(frozen=True)
@@ -75,19 +64,6 @@ class PackLayout:
 
 
 @dataclass(frozen=True)
-class RvvTypes:
-    """Type/intrinsic suffixes: e.g. f32='f32m2', u8='u8mf2'."""
-
-    lmul: int  # of the 32-bit accumulators
-    f32: str
-    i32: str
-    u32: str
-    i16: str
-    u16: str
-    u8: str
-
-
-@dataclass(frozen=True)
 class KernelPlan:
     spec: KernelSpec
     pack: PackLayout
@@ -95,12 +71,13 @@ class KernelPlan:
     k_lo: str  # C expr in kp: first k of byte-row kp (rvv/scalar)
     k_hi: str  # ... second k (4-bit only)
     a_index: str  # C expr in m, k, Kpad: byte/element offset of A[m][k] in the workspace
-    a_scale_group: int  # A's block scales by groups of this many rows (_a_scale_group; 1: row-major)
+    a_scale_group: int  # A's block scales by groups of this many rows (Target.a_scale_group; 1: row-major)
     a_rows_padded_to: int
     a_tail_pad: int  # extra workspace bytes read past the last row (IME gemv loads 32 bytes)
-    rvv: RvvTypes | None
-    ime: ImePlan | None
     budget: dict
+    target: Target
+    rvv: object | None = None  # target rvv's part (targets.rvv.types.RvvTypes)
+    ime: object | None = None  # target ime's part (targets.ime.asm.ImePlan)
     a_block_bytes: int = A_BLOCK_BYTES
     forced_k_chunks: int = 0  # 0: each call picks its K chunks (k_chunks()); n: always n (counting runs)
 
@@ -112,7 +89,7 @@ class KernelPlan:
 
     @property
     def a_row_tail(self) -> str:
-        """C expr in m, Kpad: where row m's a_tail_pad bytes start (gemv: right after its Kpad codes, _a_index)."""
+        """C expr in m, Kpad: where row m's a_tail_pad bytes start (gemv: right after its Kpad codes, Target.a_index)."""
         return f"m * (Kpad + {self.a_tail_pad}) + Kpad"
 
     @property
@@ -126,14 +103,10 @@ class KernelPlan:
 
     @property
     def a_chunk_stride(self) -> int | None:
-        """Bytes between a row's consecutive 8-k chunks of quantized A (see _a_index) when an IME kernel
-        keeps k in order there (planar or 8-bit B; interleaved B permutes k within 16): its vector A
-        quantization then stores a whole block's codes with one store (gemv: unit-stride; gemm: 8-byte
-        elements TM x 8 bytes apart) and sums them with one reduction. None: copy them one by one."""
-        s = self.spec
-        if s.target != "ime" or s.abi != "imegen" or s.block < 32 or (s.bits == 4 and s.unpack != "planar"):
-            return None
-        return 8 if s.tile_m == 1 else s.tile_m * 8
+        """Bytes between a row's consecutive 8-k chunks of quantized A (see a_index) when the target's
+        vector A quantization stores a whole block's codes into the kernel's layout with one store and
+        sums them with one reduction (Target.a_chunk_stride). None: copy them one by one."""
+        return self.target.a_chunk_stride(self.spec)
 
     @property
     def a_scale_row_bytes(self) -> str:
@@ -157,40 +130,15 @@ class KernelPlan:
         return self.spec.abi == "mlas"
 
 
-def _rvv_types(spec: KernelSpec) -> RvvTypes:
-    if spec.compute == "fp32":
-        l32 = lmul_for(spec.tile_n * 32, spec.vlen)
-        return RvvTypes(l32, f"f32m{l32}", f"i32m{l32}", f"u32m{l32}", "", "", "u8" + lmul_name(l32, 4))
-    l16 = lmul_for(spec.tile_n * 16, spec.vlen)
-    l32 = 2 * l16
-    return RvvTypes(l32, f"f32m{l32}", f"i32m{l32}", f"u32m{l32}", f"i16m{l16}", f"u16m{l16}", "u8" + lmul_name(l16, 2))
-
-
-def _pack_layout(spec: KernelSpec) -> PackLayout:
+def _pack_layout(spec: KernelSpec, target: Target) -> PackLayout:
     np_, blk = spec.panel, spec.block
     stored = spec.scales != "ort"  # abi mlas reads ORT's raw scale/zero-point arrays instead
     scale_bytes = (2 if spec.scale_type == "fp16" else 4) * np_ if stored else 0
-    nibbles = zp_nibbles(spec)
+    nibbles = target.zp_nibbles(spec)
     zp_cols = np_ // 2 if nibbles else np_
     zp_bytes = -(-zp_cols // 4) * 4 if stored and spec.zero_point == "asymmetric" else 0  # keep data 4-byte aligned
     inline = spec.scales == "inline"
-    if spec.target == "ime":
-        # 32-byte vmadot B tiles: 4 columns x 8 bytes, column groups of a panel side by side.
-        tile = "(c / 4) * 32 + (c % 4) * 8"
-        if spec.bits == 8:
-            byte, shift = f"(kk / 8) * {np_ * 8} + {tile} + kk % 8", "0"
-        elif spec.unpack == "planar":  # byte j: k=j (low nibble), k=j+8 (high): vand/vsrl give k0-7, k8-15
-            byte, shift = f"(kk / 16) * {np_ * 8} + {tile} + kk % 8", "((kk % 16) / 8) * 4"
-        else:  # interleaved = ORT's own order: byte j holds k=2j, 2j+1
-            byte, shift = f"(kk / 16) * {np_ * 8} + {tile} + (kk % 16) / 2", "(kk % 2) * 4"
-    else:
-        # One byte row per k (8-bit) or k pair (4-bit): a vector load reads one row of the panel.
-        if spec.bits == 8:
-            byte, shift = f"kk * {np_} + c", "0"
-        elif spec.unpack == "planar":
-            byte, shift = f"((kk / 16) * 8 + kk % 8) * {np_} + c", "((kk % 16) / 8) * 4"
-        else:
-            byte, shift = f"(kk / 2) * {np_} + c", "(kk % 2) * 4"
+    byte, shift = target.pack_codes(spec)
     data_bytes = np_ * blk * spec.bits // 8
     return PackLayout(np_, data_bytes, inline, scale_bytes, zp_bytes, byte, shift, nibbles, spec.tile_n if nibbles else 0)
 
@@ -203,317 +151,25 @@ def _k_pair(spec: KernelSpec) -> tuple[str, str]:
     return "2 * kp", "2 * kp + 1"
 
 
-def _a_index(spec: KernelSpec) -> tuple[str, int, int]:
-    """Where quantized (or staged fp32) A[m][k] lives; returns (C expr, row padding, tail bytes)."""
-    if spec.target != "ime":
-        return "m * Kpad + k", spec.tile_m, 0
-    # IME: A tiles hold k in the order the B tiles were unpacked into (see _pack_layout).
-    pos = "k" if (spec.bits == 8 or spec.unpack == "planar") else "(k / 16) * 16 + (k % 2) * 8 + (k % 16) / 2"
-    if spec.tile_m == 1:  # gemv: one row, 8-k steps back to back; slide forms walk a 32-byte load
-        return f"m * (Kpad + 32) + {pos}", 1, 32
-    ma = spec.tile_m // 4
-    # [row tile][8-k step][A tile mi][4 rows x 8 k]
-    expr = (f"(((m / {spec.tile_m}) * (Kpad / 8) + ({pos}) / 8) * {ma} + (m % {spec.tile_m}) / 4) * 32"
-            f" + (m % 4) * 8 + ({pos}) % 8")
-    return expr, spec.tile_m, 0
-
-
-def _ime_plan(spec: KernelSpec) -> ImePlan:
-    if staged(spec):
-        return staged_ime_plan(spec)
-    ma, na, ku = max(1, spec.tile_m // 4), spec.tile_n // 4, spec.k_unroll
-    gemv = spec.tile_m == 1
-    zp_in_b = zero_points_in_b(spec)
-    budget = register_budget(spec)
-    fold_regs = budget["fold temporaries"]
-    b_groups = ku // 2 if spec.bits == 4 else ku
-    a_group = 0 if (gemv or spec.abi == "mlas") else ku * ma  # the A tiles of one iteration lie back to back
-    in_regs = fp32_acc_in_registers(spec)
-    # fp32 accumulators in memory, two row tiles, at most 16 columns: column_pair_fold, on
-    # accumulators (and fp32 accumulators in memory) grouped by column tile.
-    by_column = not in_regs and bool(zp_in_b) and ma == 2 and spec.tile_n <= 16
-
-    def allocate(aligned: bool, pair_b: bool = False):
-        """Registers upwards from v0; a power-of-two run of up to 8 registers loaded or unpacked
-        together is aligned to its size (one LMUL > 1 instruction) when `aligned`. With `pair_b`
-        (4-bit gemm) each group's raw and low-nibble runs form one aligned run of 2 na registers,
-        allocated before the A tiles, and asymmetric kernels keep their spread zero points twice
-        over, so that `B - zp` is one instruction per group."""
-        next_reg = 0
-
-        def take(n: int, group: bool = False) -> int:
-            nonlocal next_reg
-            if aligned and group and n in (2, 4, 8):
-                next_reg = -(-next_reg // n) * n
-            first, next_reg = next_reg, next_reg + n
-            return first
-
-        if by_column:  # [ni][mi]: a column tile's two row-tile pairs side by side (an LMUL-4 group)
-            cols = [tuple(take(2) for _ in range(ma)) for _ in range(na)]
-            acc = tuple(tuple(cols[ni][mi] for ni in range(na)) for mi in range(ma))
-        else:
-            acc = tuple(tuple(take(2) for _ in range(na)) for _ in range(ma))
-        facc = tuple(tuple(take(2) for _ in range(na)) for _ in range(ma)) if in_regs else ()
-        if pair_b:  # runs = [raw 0, low 0, raw 1, low 1, ..., zero points (2 na)]
-            pairs = [take(2 * na, group=True) for _ in range(b_groups)]
-            runs = [r for first in pairs for r in (first, first + na)]
-        if gemv:  # one A register (plus its odd partner, read by slides) feeds 4 k-steps
-            a_reg = [take(1 if ku == 1 else 2) for _ in range(-(-ku // 4))]
-        else:
-            first = take(ku * ma, group=a_group > 0)
-            a_reg = [[first + s * ma + mi for mi in range(ma)] for s in range(ku)]
-        if pair_b:
-            if zp_in_b == "asymmetric":
-                runs.append(take(2 * na, group=True))
-        else:  # runs = [raw 0, raw 1, ..., low 0, low 1, ..., zero points]
-            runs = [take(na, group=True) for _ in range(b_groups * (2 if spec.bits == 4 else 1) + (zp_in_b == "asymmetric"))]
-            if spec.bits == 4:
-                runs = [r for g in range(b_groups) for r in (runs[g], runs[b_groups + g])] + runs[2 * b_groups:]
-        return next_reg, acc, facc, a_reg, runs
-
-    can_pair = bool(zp_in_b) and 2 * na in (2, 4, 8)
-    for aligned, pair_b in ((True, True), (True, False), (False, False)):
-        if pair_b and not can_pair:
-            continue
-        used, acc, facc, a_reg, runs = allocate(aligned, pair_b)
-        if used + fold_regs <= 32:
-            break
-    paired_b = aligned and pair_b
-    assert used + fold_regs <= 32 and used + fold_regs >= sum(budget.values()), "budget and allocation disagree"
-    n_regs = used + fold_regs  # loop and fold both allocate upwards from v0
-    grouped = lambda first, n: n in (2, 4, 8) and first % n == 0  # noqa: E731
-    if spec.bits == 4:
-        b_reg = [[runs[2 * g] + ni for ni in range(na)] for g in range(b_groups)]
-        b_lo = [[runs[2 * g + 1] + ni for ni in range(na)] for g in range(b_groups)]
-    else:
-        b_reg, b_lo = [[runs[g] + ni for ni in range(na)] for g in range(b_groups)], None
-    zpb = runs[-1] if zp_in_b == "asymmetric" else None
-
-    ops: list[AsmOp] = []
-    lmul_now: int | None = 1  # the template enters the loop at e8, m1; every iteration ends there
-
-    def at_lmul(lmul: int | None) -> None:
-        """vsetvli e8 (vl = VLMAX) at `lmul` unless already there; None: something else was set."""
-        nonlocal lmul_now
-        if lmul is not None and lmul != lmul_now:
-            ops.append(AsmOp("vset", f"vsetvli t0, zero, e8, {lmul_name(lmul)}, ta, ma"))
-        lmul_now = lmul
-
-    def load(reg: int, ptr: str, offset: int, what: str):
-        if offset:
-            ops.append(AsmOp("addi", f"addi t1, {ptr}, {offset}"))
-            ops.append(AsmOp("vle8", f"vle8.v v{reg}, (t1)", what))
-        else:
-            ops.append(AsmOp("vle8", f"vle8.v v{reg}, ({ptr})", what))
-
-    # Before the loop: the tile's zero points spread over the unpacked B layout (byte 8c+j of a
-    # 4-column B tile is column c), so that `B - zp` is one vsub per register and vmadot runs signed.
-    prologue: list[AsmOp] = []
-    # Paired runs of a tile of at most 8 columns in imegen's packed B: one stride-0 load reads the tile's
-    # TN zero-point bytes twice, so the spread covers raw + low runs without a copy. The load's element is
-    # TN bytes: matmul refuses a packed B that is not 8-byte aligned, and every chunk part is a multiple of it.
-    L = _pack_layout(spec)
-    twice = (paired_b and zpb is not None and spec.tile_n in (4, 8) and spec.scales != "ort"
-             and all(n % spec.tile_n == 0 for n in (L.data_bytes, L.scale_bytes, L.zp_bytes)))
-    if zpb is not None:
-        raw, idx = b_reg[0][0], b_lo[0][0]
-        if twice:
-            prologue += [AsmOp("vset", f"vsetivli zero, 2, e{8 * spec.tile_n}, m1, ta, ma"),
-                         AsmOp(f"vlse{8 * spec.tile_n}", f"vlse{8 * spec.tile_n}.v v{raw}, (%[zp]), zero", "B zero points of the tile's columns, twice")]
-        else:
-            vl = f"vsetivli zero, {spec.tile_n}, e8, m1, ta, ma" if spec.tile_n < 32 else "vsetvli t0, zero, e8, m1, ta, ma"
-            prologue += [AsmOp("vset", vl), AsmOp("vle8", f"vle8.v v{raw}, (%[zp])", "B zero points of the tile's columns")]
-    if paired_b and zpb is not None and not (grouped(zpb, na) or na == 1):
-        paired_b = False  # (cannot happen: the run is aligned to 2 na)
-    if zpb is not None and grouped(zpb, na) or (zpb is not None and na == 1):
-        # Column c's zero point fills bytes 8c..8c+7 of the run: zero-extend each to 64 bits, times 0x0101..01.
-        lanes, m = (2 * spec.tile_n, 2 * na) if twice else (spec.tile_n, na)
-        vl64 = f"vsetivli zero, {lanes}, e64, m{m}, ta, ma" if lanes < 32 else f"vsetvli t0, zero, e64, m{m}, ta, ma"
-        prologue += [AsmOp("vset", vl64), AsmOp("vzext", f"vzext.vf8 v{zpb}, v{raw}", "one column per 64-bit lane"),
-                     AsmOp("vmul", f"vmul.vx v{zpb}, v{zpb}, %[rep]", "zero point in all 8 bytes of its column")]
-        if paired_b and not twice:
-            prologue.append(AsmOp("vmv", f"vmv{na}r.v v{zpb + na}, v{zpb}", "again, next to itself: one vsub per raw + low run"))
-    elif zpb is not None:
-        prologue.append(AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma"))
-        for ni in range(na):
-            prologue += [AsmOp("addi", f"addi t1, %[zpi], {32 * ni}"), AsmOp("vle8", f"vle8.v v{idx}, (t1)", "byte -> column"),
-                         AsmOp("vrgather", f"vrgather.vv v{zpb + ni}, v{raw}, v{idx}", f"zero points, cols {4 * ni}..{4 * ni + 3}")]
-
-    if gemv:
-        for q, reg in enumerate(a_reg):
-            load(reg, "%[a]", q * 32, f"A row, k-steps {4 * q}..{4 * q + 3}")
-    elif spec.abi == "mlas":  # A rows lie lda bytes apart (8-byte aligned): one strided 4 x 8-byte load per tile
-        ops.append(AsmOp("vset", "vsetivli zero, 4, e64, m1, ta, ma", "4 rows x 8 bytes"))
-        for s in range(ku):
-            for mi in range(ma):
-                ops.append(AsmOp("addi", f"addi t1, %[a], {s * 8}"))
-                ops += [AsmOp("add", "add t1, t1, %[lda4]")] * mi
-                ops.append(AsmOp("vlse64", f"vlse64.v v{a_reg[s][mi]}, (t1), %[lda]", f"A rows {4 * mi}..{4 * mi + 3}, k-step {s}"))
-        lmul_now = None
-    elif grouped(a_reg[0][0], a_group):  # a whole-register load: needs no vtype
-        first = a_reg[0][0]
-        ops += [AsmOp("vle8", f"vl{a_group}re8.v v{first}, (%[a])", f"A: {ku} k-steps x {ma} tiles, v{first}-v{first + a_group - 1}")]
-    else:
-        for s in range(ku):
-            for mi in range(ma):
-                load(a_reg[s][mi], "%[a]", (s * ma + mi) * 32, f"A rows {4 * mi}..{4 * mi + 3}, k-step {s}")
-    for g in range(b_groups):
-        # one run of na registers when aligned (LMUL na), else register by register
-        parts = [(0, na)] if grouped(b_reg[g][0], na) and (b_lo is None or grouped(b_lo[g][0], na)) else [(ni, 1) for ni in range(na)]
-        for ni, n in parts:
-            raw = b_reg[g][ni]
-            what = f"B cols {4 * ni}..{4 * (ni + n) - 1}, group {g}"
-            if ni:
-                ops.append(AsmOp("addi", f"addi t1, %[b], {ni * 32}"))
-            ops.append(AsmOp("vle8", f"vl{n}re8.v v{raw}, ({'t1' if ni else '%[b]'})", what))  # whole registers: no vtype
-            if spec.bits == 4:
-                at_lmul(n)
-                lo = b_lo[g][ni]
-                ops.append(AsmOp("vand", f"vand.vi v{lo}, v{raw}, 15", "low nibbles"))
-                ops.append(AsmOp("vsrl", f"vsrl.vi v{raw}, v{raw}, 4", "high nibbles"))
-                if paired_b:
-                    pass  # one instruction over the raw + low run below
-                elif zpb is not None:
-                    ops += [AsmOp("vsub", f"vsub.vv v{r}, v{r}, v{zpb + ni}", "- zero point") for r in (lo, raw)]
-                elif zp_in_b:
-                    ops += [AsmOp("vadd", f"vadd.vi v{r}, v{r}, -{1 << (spec.bits - 1)}", "- zero point") for r in (lo, raw)]
-        if paired_b:
-            at_lmul(2 * na)
-            first = b_reg[g][0]
-            ops.append(AsmOp("vsub", f"vsub.vv v{first}, v{first}, v{zpb}", "- zero point, high and low nibbles") if zpb is not None
-                       else AsmOp("vadd", f"vadd.vi v{first}, v{first}, -{1 << (spec.bits - 1)}", "- zero point, high and low nibbles"))
-        ops.append(AsmOp("add", "add %[b], %[b], %[bstride]"))
-    at_lmul(1)  # vmadot runs at e8, m1, vl = 32
-    sign = IME_SIGNEDNESS[bool(zp_in_b) or spec.zero_point == "blksum"]
-    for s in range(ku):
-        g, half = (s // 2, s % 2) if spec.bits == 4 else (s, 0)
-        for mi in range(ma):
-            vs1, slide = (a_reg[s // 4], s % 4) if gemv else (a_reg[s][mi], 0)
-            for ni in range(na):
-                vs2 = b_reg[g][ni] if (spec.bits == 8 or half) else b_lo[g][ni]
-                vd = acc[mi][ni]
-                word = encode_vmadot(vd, vs1, vs2, signedness=sign, slide=slide)
-                ops.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic(sign, slide)} v{vd}, v{vs1}, v{vs2}"))
-    a_step = ku * 8 if (gemv or spec.abi == "mlas") else ku * ma * 32
-    ops.append(AsmOp("addi", f"addi %[a], %[a], {a_step}"))
-    # fp32 accumulators in registers: two register pairs the loop leaves free keep the fold's
-    # lane -> row and lane -> column index tables for the whole tile (loaded once, not per block).
-    tables: tuple[int, int] | None = None
-    table_loads: tuple[AsmOp, ...] = ()
-    fold = column_pair_fold(spec, acc) if by_column else None
-    t4 = -(-used // 4) * 4
-    if fold is None and facc and na == 2 and ma <= 2 and t4 + 4 <= 32:
-        fold = paired_column_fold(spec, acc, facc, t4)
-        table_loads = (AsmOp("vle16", f"vl4re16.v v{t4}, (%[idx16])", "e16 index tables: lane -> row, lane -> column, for every block"),)
-    # gemv: the row's fp32 accumulators (one e32 group of TN lanes) in registers above the loop's
-    # and the fold's, when they fit: one asm statement then runs all blocks (as for gemm tiles).
-    gemv_facc = gemv_facc_group(spec, acc[0], used) if gemv else None
-    if gemv:
-        fold = gemv_fold(spec, acc[0], gemv_facc)
-    if fold is None:
-        if facc and used <= 28:
-            first = -(-used // 2) * 2
-            tables = (first, first + 2) if first + 4 <= 32 else None
-        fold = ime_fold(spec, acc, facc, tables)
-        if tables and not any(re.search(rf"\bv{tables[0]}\b", op.text) for op in fold):
-            tables = None  # the general fold loads its own
-        if tables:
-            table_loads = (AsmOp("vle32", f"vle32.v v{tables[1]}, (%[idx])", "lane -> column q, for every block"),
-                           AsmOp("addi", "addi t1, %[idx], 64"), AsmOp("vle32", f"vle32.v v{tables[0]}, (t1)", "lane -> row r, for every block"))
-    iterations = spec.block // (8 * ku)
-    unrolled = iterations <= MAX_UNROLLED_ITERATIONS
-    tile_start = block_end = tile_end = ()
-    direct_store = bool(facc) and not spec.bias and ma * na >= 2
-    if facc:
-        pairs = [r for row in facc for r in row]
-        loads = table_loads
-        tile_start = (AsmOp("vset", "vsetivli zero, 16, e32, m2, ta, ma"),
-                      *(AsmOp("vmv", f"vmv.v.i v{r}, 0", "fp32 accumulators") for r in pairs), *loads,
-                      AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
-        # A tiles of consecutive blocks lie back to back (the loop leaves %[a] at the next block's);
-        # the B data pointer jumps from where the loop left it to the next chunk's.
-        block_end = (AsmOp("add", "add %[b], %[b], %[bnext]", "next block's B tiles"),
-                     AsmOp("add", "add %[sb], %[sb], %[sbs]", "next block's B scales"),
-                     *((AsmOp("add", "add %[zp], %[zp], %[zps]", "next block's zero points"),) if zp_in_b == "asymmetric" else ()),
-                     AsmOp("addi", "addi %[sa], %[sa], 4", "next block's A scales"),
-                     AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
-        tile_end = tile_end_ops(acc, facc, direct_store)
-    elif gemv_facc is not None:
-        g, lanes = gemv_fold_lmul(spec.tile_n), spec.tile_n
-        vset = AsmOp("vset", f"vsetivli zero, {lanes}, e32, m{g}, ta, ma" if lanes < 32 else f"vsetvli t0, zero, e32, m{g}, ta, ma")
-        tile_start = (vset, AsmOp("vmv", f"vmv.v.i v{gemv_facc}, 0", "fp32 accumulators of the row"),
-                      AsmOp("label", "2:", "each block"), *(() if unrolled else (AsmOp("li", f"li %[n], {iterations}"),)))
-        # The loop leaves %[a] at the next block's A; the B data, scales and zero points of the next
-        # block lie a constant stride on; A's scales and sums are one word on.
-        block_end = (AsmOp("add", "add %[b], %[b], %[bnext]", "next block's B tiles"),
-                     AsmOp("add", "add %[sb], %[sb], %[sbs]", "next block's B scales"),
-                     *((AsmOp("add", "add %[zp], %[zp], %[zps]", "next block's zero points"),) if spec.zero_point == "asymmetric" else ()),
-                     AsmOp("addi", "addi %[sa], %[sa], 4", "next block's A scale"),
-                     AsmOp("addi", "addi %[as], %[as], 4", "next block's A sum"),
-                     AsmOp("addi", "addi %[k], %[k], -1"), AsmOp("bnez", "bnez %[k], 2b"))
-        tile_end = (vset, AsmOp("vse32", f"vse32.v v{gemv_facc}, (%[facc])", "the row, for the C epilogue"))
-        facc = ((gemv_facc,),)
-    # ir.spread_refusal admits only tiles these folds are written for; another fold would not spread per register
-    assert spec.spread == "group" or gathers_per_register(fold), spec.describe()
-    return ImePlan(
-        ma=ma, na=na, acc_regs=acc, prologue=tuple(prologue), body=tuple(ops), fold=fold,
-        iterations_per_block=iterations, a_bytes_per_iteration=a_step,
-        b_stride=spec.panel * 8,  # a panel's B tiles for one 16-k (4-bit) or 8-k (8-bit) group
-        b_walk=iterations * b_groups * spec.panel * 8,
-        clobbers=tuple(f"v{r}" for r in range(max(n_regs, _highest_pair_end(fold), _highest_pair_end(tile_start)))),
-        facc_floats=spec.tile_n if gemv else ma * na * 16,
-        facc_at="j" if gemv else (f"(j / 4 * {ma} + i / 4) * 16 + i % 4 * 4 + j % 4" if by_column
-                                  else f"(i / 4 * {na} + j / 4) * 16 + i % 4 * 4 + j % 4"),
-        vmadots_per_tile_block=(spec.block // 8) * ma * na,
-        facc_regs=facc, direct_store=direct_store, tile_start=tile_start, block_end=block_end, tile_end=tile_end,
-        index16=(PER_REGISTER_FOLD_INDEX if spec.spread == "per_register" else PAIRED_FOLD_INDEX)
-        if any("%[idx16]" in op.text for op in tile_start) else (),
-        acc_zero=zero_accumulators(2 * ma * na, on_vfp=not gemv), unrolled=unrolled, entry_vset=not _sets_vtype_first(ops),
-    )
-
-
-def _sets_vtype_first(body: list[AsmOp]) -> bool:
-    """Does the loop body set vtype before its first instruction that depends on it? (Scalar
-    instructions and whole-register loads do not.)"""
-    for op in body:
-        if op.kind == "vset":
-            return True
-        if not (op.kind in ("addi", "add") or re.match(r"vl\dre8\.v ", op.text)):
-            return False
-    return False
-
-
-def _highest_pair_end(ops: tuple[AsmOp, ...]) -> int:
-    """One past the highest vector register the ops may touch: operands above the accumulators
-    are at most LMUL-4 groups (a few extra clobbers are harmless)."""
-    regs = [int(r) for op in ops for r in re.findall(r"\bv(\d+)\b", op.text)]
-    return min(32, max(regs, default=-4) + 4)
-
-
-def _a_scale_group(spec: KernelSpec) -> int:
-    """A's block scales are row-major [Mpad][k_blocks], so a tile's rows are a strided load apart;
-    the staged fold instead reads a tile's TM scales of one block with one unit-stride load
-    ([Mpad / TM][k_blocks][TM]): LLVM's X60 schedule charges a strided load VLMAX cycles (8 at e32)
-    and a unit-stride one 3 (docs/ime-isa.md §7)."""
-    return spec.tile_m if spec.target == "ime" and staged(spec) else 1
-
-
 def plan_kernel(spec: KernelSpec) -> KernelPlan:
+    target = targets.of(spec)
     k_lo, k_hi = _k_pair(spec)
-    a_index, rows_pad, tail = _a_index(spec)
+    a_index, rows_pad, tail = target.a_index(spec)
+    pack = _pack_layout(spec, target)
+    parts = {target.plan_part: target.lower(spec, pack)} if target.plan_part else {}
     return KernelPlan(
         spec=spec,
-        pack=_pack_layout(spec),
+        pack=pack,
         zp_default=0 if spec.zero_point == "blksum" else 1 << (spec.bits - 1),
         k_lo=k_lo,
         k_hi=k_hi,
         a_index=a_index,
-        a_scale_group=_a_scale_group(spec),
+        a_scale_group=target.a_scale_group(spec),
         a_rows_padded_to=rows_pad,
         a_tail_pad=tail,
-        rvv=_rvv_types(spec) if spec.target == "rvv" else None,
-        ime=_ime_plan(spec) if spec.target == "ime" else None,
         budget=register_budget(spec),
+        target=target,
+        **parts,
     )
 
 

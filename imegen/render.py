@@ -14,14 +14,9 @@ from .abi import mlas as mlas_abi
 from .names import dispatch_files, kernel_files
 from .paths import shipped
 from .plan import KernelPlan
+from .targets.rvv.types import vector_type
 
 TEMPLATES = shipped("templates")
-_TYPE_PREFIX = {"f": "vfloat", "i": "vint", "u": "vuint"}
-
-
-def vector_type(suffix: str) -> str:
-    """RVV intrinsic suffix -> C type: 'f32m2' -> 'vfloat32m2_t', 'u8mf2' -> 'vuint8mf2_t'."""
-    return f"{_TYPE_PREFIX[suffix[0]]}{suffix[1:]}_t"
 
 
 @lru_cache(maxsize=1)
@@ -83,8 +78,8 @@ def render_dispatch(d: mlas_abi.DispatchPlan, spec_file: str) -> dict[str, str]:
 
 
 def march_for(plan: KernelPlan) -> str:
-    """-march a kernel's .c needs: IME kernels carry vmadot as .word, so plain RVV suffices."""
-    return "rv64gc" if plan.spec.target == "scalar" else "rv64gcv"
+    """-march a kernel's .c needs (IME kernels carry vmadot as .word, so plain RVV suffices)."""
+    return plan.target.march
 
 
 def render_spec(plans: list[KernelPlan], spec_file: str, ort: str = mlas_abi.DEFAULT_PIN) -> dict[str, str]:

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import cache
 from . import reference as ref
-from . import toolchain
+from . import targets, toolchain
 from .plan import KernelPlan, expected_vmadots
 from .render import render_driver, render_kernel
 
@@ -68,8 +68,8 @@ class Comparison:
 
 
 def compilers_for(plan: KernelPlan) -> list[str]:
-    """Compilers that can build this target: GCC 12 lacks RVV intrinsics, so rvv is clang only."""
-    return ["clang"] if plan.spec.target == "rvv" else ["clang", "gcc"]
+    """Compilers that can build this target (GCC 12 lacks RVV intrinsics, so rvv is clang only)."""
+    return list(plan.target.compilers)
 
 
 def build_inputs(plan: KernelPlan, spec_file: str = "<spec>", *, compiler: str = "clang",
@@ -86,15 +86,16 @@ def build_inputs(plan: KernelPlan, spec_file: str = "<spec>", *, compiler: str =
 
 def build(plan: KernelPlan, spec_file: str = "<spec>", *, compiler: str = "clang", host: bool = False) -> Build:
     """Generate kernel + driver and compile them (cached by build_inputs)."""
-    if host and plan.spec.target != "scalar":
-        raise ValueError(f"only target scalar builds for the host, not {plan.spec.target}")
+    if host and not plan.target.host_build:
+        native = " or ".join(t.name for t in targets.ALL if t.host_build)
+        raise ValueError(f"only target {native} builds for the host, not {plan.spec.target}")
     sources, inputs = build_inputs(plan, spec_file, compiler=compiler, host=host)
 
     def fill(d: Path) -> None:
         for name, text in sources.items():
             (d / name).write_text(text)
         objs: list[Path] = [d / f"{plan.name}.c", d / "driver.c"]
-        if plan.spec.target == "ime":
+        if plan.target.emulator:
             objs.append(toolchain.compile_ime_emu(d / "ime_emu.o", compiler=compiler))
         toolchain.compile_c(objs, d / "driver", compiler=compiler, host=host, include_dirs=[d, toolchain.RUNTIME_DIR])
 
@@ -129,7 +130,7 @@ def run_cases(b: Build, cases: list[Case], *, vlen: int | None = 256) -> list[Re
     with tempfile.TemporaryDirectory() as tmp:
         inp, outp = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
         inp.write_bytes(_encode(b.plan, cases))
-        toolchain.run(b.exe, [str(inp), str(outp)], vlen=vlen, host=b.host, ime=b.plan.spec.target == "ime")
+        toolchain.run(b.exe, [str(inp), str(outp)], vlen=vlen, host=b.host, ime=b.plan.target.emulator)
         raw = outp.read_bytes()
     results, pos = [], 0
     for c in cases:

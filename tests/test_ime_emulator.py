@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from imegen import toolchain
-from imegen.ime_encoding import encode_vmadot, mnemonic
+from imegen.targets.ime.encoding import encode_vmadot, mnemonic
 
 C_DIR = Path(__file__).parent / "c"
 SIGNS = ("ss", "uu", "us", "su")

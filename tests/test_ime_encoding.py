@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from imegen.ime_encoding import decode_vmadot, encode_vmadot, mnemonic
+from imegen.targets.ime.encoding import decode_vmadot, encode_vmadot, mnemonic
 
 # llvm/test/MC/RISCV/xsmtvdot-valid.s (docs/ime-isa.md §3.1)
 LLVM_VECTORS = """

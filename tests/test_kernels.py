@@ -300,7 +300,7 @@ def test_fp32_accumulators_in_registers_over_many_blocks(settings):
     """Tiles whose fp32 accumulators stay in registers run one asm statement over all K blocks
     (pointers stepped by the layout's strides): many blocks, a partial last one and a partial
     last panel must match the reference, with both compilers."""
-    from imegen.ir import fp32_acc_in_registers
+    from imegen.targets.ime.rules import fp32_acc_in_registers
 
     spec = specs_from_text(f"kernel inreg {{ target = ime  compute = int8  bits = 4  {settings} }}")[0]
     plan = plan_kernel(spec)
@@ -312,7 +312,7 @@ def test_fp32_accumulators_in_registers_over_many_blocks(settings):
 
 
 def test_large_tiles_keep_fp32_accumulators_in_memory():
-    from imegen.ir import fp32_acc_in_registers
+    from imegen.targets.ime.rules import fp32_acc_in_registers
 
     for text in ("tile = 8x16  k_unroll = 2  panel = 16", "tile = 8x8  k_unroll = 4  panel = 8  zero_point = asymmetric", "tile = 8x8  bits = 8  k_unroll = 2  panel = 8"):
         spec = specs_from_text(f"kernel mem {{ target = ime  compute = int8  {text} }}")[0]
@@ -399,7 +399,7 @@ def test_spread_per_register_over_many_blocks(settings):
     """spread = per_register spreads the fold's scales by LMUL-1 vrgathers (and whole-register copies):
     exact reference over many blocks, a partial last block, M tile and N tile, both compilers; where
     the fold reads e16 tables, the group form's would put every scale in the wrong lanes and must fail."""
-    from imegen.ime_asm import gathers_per_register
+    from imegen.targets.ime.asm import gathers_per_register
 
     spec = specs_from_text(f"kernel pr {{ target = ime  compute = int8  bits = 4  spread = per_register  {settings} }}")[0]
     plan = plan_kernel(spec)
@@ -408,7 +408,7 @@ def test_spread_per_register_over_many_blocks(settings):
     for compiler in ("clang", "gcc"):
         for case, result in zip(cases, run_cases(build(plan, compiler=compiler), cases, vlen=256)):
             assert compare(plan, case, result, exact=True).ok, compiler
-    from imegen.plan import PAIRED_FOLD_INDEX
+    from imegen.targets.ime.folds import PAIRED_FOLD_INDEX
 
     if not plan.ime.index16:
         return

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from imegen import toolchain
-from imegen.ime_encoding import decode_vmadot
+from imegen.targets.ime.encoding import decode_vmadot
 from imegen.perf import llama_real as L, x60
 
 NEEDS_TOOLS = pytest.mark.skipif(bool(toolchain.missing_tools()), reason="needs the cross toolchains and qemu-riscv64")

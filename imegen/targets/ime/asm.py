@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..base import lmul_name  # noqa: F401 (the folds' and the planner's too)
+
 
 # Blocks of at most this many loop iterations run the body repeated instead of a counted loop.
 MAX_UNROLLED_ITERATIONS = 4
@@ -35,7 +37,7 @@ class ImePlan:
     fold: tuple[AsmOp, ...]  # after the loop: acc pairs -> fp32, zero-point fix, scale, add into facc
     facc_floats: int  # the tile's fp32 accumulators in memory (gemv: TN results, then TN dots of the block)
     facc_at: str  # C expr in i, j: where output (i, j) accumulates
-    # fp32 accumulators in registers (ir.fp32_acc_in_registers): [mi][ni] -> even register pair (gemv,
+    # fp32 accumulators in registers (rules.fp32_acc_in_registers): [mi][ni] -> even register pair (gemv,
     # gemv_facc_group: ((first register of the row's e32 group,),)); then
     # one asm statement loops over all blocks: tile_start (zero them, outer label), per block the
     # prologue/loop/fold, block_end (advance the block pointers, branch back), tile_end (store them
@@ -74,10 +76,6 @@ class ImePlan:
         """Does any instruction of the asm statement name %[operand]?"""
         ops = (*self.tile_start, *self.acc_zero, *self.prologue, *self.body, *self.fold, *self.block_end, *self.tile_end)
         return any(f"%[{operand}]" in op.text for op in ops)
-
-
-def lmul_name(num: int, den: int = 1) -> str:
-    return f"m{num // den}" if num >= den else f"mf{den // num}"
 
 
 def gathers_per_register(ops: tuple[AsmOp, ...]) -> bool:

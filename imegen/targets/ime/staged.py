@@ -1,13 +1,13 @@
-"""stage_b = m_block kernels (ir.staged_b_refusal): an N tile's int4 B unpacked once per M block into the
+"""stage_b = m_block kernels (rules.staged_b_refusal): an N tile's int4 B unpacked once per M block into the
 workspace (the staging asm), and the tile loop and fold that read it.
 """
 
 from __future__ import annotations
 
-from .ime_asm import MAX_UNROLLED_ITERATIONS, AsmOp, ImePlan, Vtype, acc_groups, tile_end_ops, zero_accumulators
-from .ime_encoding import encode_vmadot, mnemonic
-from .ime_folds import rows_spread_per_register
-from .ir import KernelSpec
+from ...spec import KernelSpec
+from .asm import MAX_UNROLLED_ITERATIONS, AsmOp, ImePlan, Vtype, acc_groups, tile_end_ops, zero_accumulators
+from .encoding import encode_vmadot, mnemonic
+from .folds import rows_spread_per_register
 
 
 # stage_b = m_block: e16 tables of the staged fold (rows of 4x4 tile lanes: T0 -> A scales 0..3, T1 -> 4..7)
@@ -20,14 +20,14 @@ STAGED_PER_REGISTER_ROW_INDEX = tuple(v for mi in range(2) for j in range(2)
                                       for v in [4 * mi + 2 * j] * 4 + [4 * mi + 2 * j + 1] * 4 + [0] * 8)
 # ... with a_scale_type = fp16: one e16 table per row tile for an LMUL-1 gather over a 4x4 tile's 16 lanes.
 STAGED_FP16_ROW_INDEX = tuple(4 * mi + lane // 4 for mi in range(2) for lane in range(16))
-# Register map of the staged kernels (ir.register_budget): accumulators from v0, then
+# Register map of the staged kernels (rules.register_budget): accumulators from v0, then
 B_STAGED, A_STAGED, SCALES_STAGED, TABLES_STAGED = 16, 20, 24, 28
 COLUMN_TABLES_STAGED = SCALES_STAGED + 2  # a16: the fold's two e16 lane -> column tables (v26, v27)
 STAGED_FP16_SCALE_BYTES = 16  # a16: a block's 8 fp16 B scales, staged as they are (the fold spreads them)
 
 
 def staged_ime_plan(spec: KernelSpec) -> ImePlan:
-    """stage_b = m_block (ir.staged_b_refusal): TN = 8, TM = 4ma, k_unroll 2, fp32 accumulators in registers.
+    """stage_b = m_block (rules.staged_b_refusal): TN = 8, TM = 4ma, k_unroll 2, fp32 accumulators in registers.
 
     Per N tile and M block, `stage` writes for every block the B tiles each loop iteration loads
     (high then low nibbles minus the zero points, signed: 4 registers, one whole-register load) and
@@ -131,7 +131,7 @@ WIDE_SCALE_BYTES = 32  # a block's 12 fp16 B scales (24 bytes), staged as they a
 
 
 def _staged_8x12_plan(spec: KernelSpec) -> ImePlan:
-    """stage_b = m_block with TN = 12, TM = 8 and a_scale_type = fp16 (ir.staged_b_refusal): six vmadot
+    """stage_b = m_block with TN = 12, TM = 8 and a_scale_type = fp16 (rules.staged_b_refusal): six vmadot
     tiles, fp32 accumulators in registers (32 of 32). An iteration loads A for two k-steps (one vl4r),
     columns 8..11 of both k-steps' staged B (one vl2r) and columns 0..7 of each (a vl2r): 4 loads per 12
     vmadots, every one at LMUL 2 or more (LLVM's X60 schedule charges an LMUL-1 load 3 cycles for 32 bytes).

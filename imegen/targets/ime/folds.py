@@ -1,12 +1,13 @@
 """Block folds of IME kernels: after a K block's vmadots, its int32 accumulator pairs (a 4x4 tile's 16
 lanes each) become fp32 and are added into the tile's fp32 accumulators with their A and B scales (and
-zero points). plan._ime_plan picks one; staged kernels fold in ime_staged.
+zero points). plan.ime_plan picks one; staged kernels fold in staged.py.
 """
 
 from __future__ import annotations
 
-from .ime_asm import AsmOp, Vtype, acc_groups, lmul_name
-from .ir import KernelSpec, gemv_fold_lmul, zero_points_in_b, zp_nibbles
+from ...spec import KernelSpec
+from .asm import AsmOp, Vtype, acc_groups, lmul_name
+from .rules import gemv_fold_lmul, zero_points_in_b, zp_nibbles
 
 
 def rows_spread_per_register(dst: int, src: int, tables: int, mi: int) -> list[AsmOp]:
@@ -283,7 +284,7 @@ def paired_column_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], facc:
 
 def _signed_fold(spec: KernelSpec, acc: tuple[tuple[int, ...], ...], free: list[int],
                  facc: tuple[tuple[int, ...], ...] = ()) -> tuple[AsmOp, ...]:
-    """The fold of kernels whose loop ran on B - zp (ir.zero_points_in_b): facc += float(dot) *
+    """The fold of kernels whose loop ran on B - zp (rules.zero_points_in_b): facc += float(dot) *
     (scale_a[r] * scale_b[q]). When registers allow, every row tile's spread A scales are built
     first and each column tile's B scales once (columns outer), else per row tile. With `facc`
     (registers) the fp32 accumulators are added to in place, and %[sa] is left at the block's

@@ -1,0 +1,131 @@
+"""What a target is to the generic pipeline: the Target protocol every target package fills.
+
+ir.build_spec calls its validation hooks, plan.plan_kernel its layout and lowering hooks, render,
+verify and check its build and run facts (march, compilers, runtime pieces, the VLENs it runs at).
+None of them compares a target's name: they ask the target (imegen.targets.get(spec.target)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from ..spec import KernelSpec
+
+VECTOR_REGISTERS = 32  # RVV 1.0: v0..v31
+
+# refuse(key, message): raise the spec error at the setting `key` (or the kernel's block without it)
+Refuse = Callable[[str, str], None]
+
+
+def lmul_name(num: int, den: int = 1) -> str:
+    """LMUL num/den as RVV spells it: m2, or mf2 for 1/2."""
+    return f"m{num // den}" if num >= den else f"mf{den // num}"
+
+
+def lmul_for(bits_needed: int, vlen: int) -> int:
+    """Smallest power-of-two LMUL whose register group holds `bits_needed` bits at `vlen`."""
+    lmul = 1
+    while lmul * vlen < bits_needed:
+        lmul *= 2
+    return lmul
+
+
+def refuse_k_step(spec: KernelSpec, refuse: Refuse, step: int, what: str) -> None:
+    """A block must hold whole K steps of the inner loop (step K values per k_unroll)."""
+    if spec.block % (step * spec.k_unroll):
+        refuse("k_unroll", f"block {spec.block} is not a multiple of the K step {what} = {step * spec.k_unroll}")
+
+
+def byte_row_codes(spec: KernelSpec) -> tuple[str, str]:
+    """Packed-B code placement of kernels that load one byte row per k (8-bit) or k pair (4-bit): a
+    vector load reads one row of the panel. (byte, shift) as C expressions in c and kk (PackLayout)."""
+    np_ = spec.panel
+    if spec.bits == 8:
+        return f"kk * {np_} + c", "0"
+    if spec.unpack == "planar":
+        return f"((kk / 16) * 8 + kk % 8) * {np_} + c", "((kk % 16) / 8) * 4"
+    return f"(kk / 2) * {np_} + c", "(kk % 2) * 4"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A code-generation target. Subclasses (one per package under imegen/targets/) override the
+    hooks whose default does not fit; the fields are facts the pipeline reads."""
+
+    name: str  # the DSL's `target = NAME`
+    title: str  # how messages name its kernels ("IME kernel 'x'")
+    micro_template: str  # the micro-kernel template the ABI templates include
+    march: str  # -march its kernel sources are compiled with
+    compilers: tuple[str, ...]  # the cross compilers that can build it (verify.compilers_for)
+    vector: bool  # uses vector registers: VLEN matters (runs, refusals), RVV helpers where the compiler has them
+    host_build: bool = False  # portable C: also built and checked natively, as the reference build
+    emulator: bool = False  # executes instructions QEMU lacks (vmadot): test builds link runtime/ime_emu.c
+    intrinsics_required: bool = False  # cannot build without riscv_vector.h (else only helpers use it)
+    plan_part: str | None = None  # the KernelPlan field its lowering fills (KernelPlan.rvv, KernelPlan.ime)
+    # DSL settings only this target offers -> why a spec cannot have their non-default value (None: it can);
+    # ir.build_spec asks the target offering a setting, whatever the spec's own target is.
+    options: Mapping[str, Callable[[KernelSpec], str | None]] = field(default_factory=dict, compare=False)
+    fallback_refusal: str | None = None  # why its kernels cannot be custom-op fallback kernels (None: they can)
+    only_vlen: int | None = None  # the one VLEN its kernels run at, if it has one (IME: 256)
+
+    # --- DSL validation (ir.build_spec) ---
+
+    def mlas_refusal(self, spec: KernelSpec) -> tuple[str, str] | None:
+        """(setting, why) when an abi = mlas kernel of this target cannot follow MLAS's layouts."""
+        return None
+
+    def validate(self, spec: KernelSpec, refuse: Refuse) -> KernelSpec:
+        """The target's own rules on a spec the generic rules accepted; returns it with target
+        defaults filled in (e.g. vlen)."""
+        return spec
+
+    def register_budget(self, spec: KernelSpec) -> dict[str, int]:
+        """Vector registers the kernel's inner loop keeps live, by class (empty: none)."""
+        return {}
+
+    # --- where it runs (check, verify, the dispatch's supported()) ---
+
+    def accepts_vlen(self, spec: KernelSpec, vlen: int) -> bool:
+        """Does the kernel run on a hart of this VLEN (else it returns IMEGEN_ERR_VLEN)?"""
+        return True
+
+    def vlen_need(self, spec: KernelSpec) -> str:
+        """The harts it runs on, as its supported() comment says it."""
+        return "any hart"
+
+    def supported_body(self, spec: KernelSpec) -> tuple[str, ...]:
+        """The C statements of NAME_supported(): 1 when the running hart can run the kernel."""
+        return ("return 1;",)
+
+    # --- layouts and lowering (plan.plan_kernel) ---
+
+    def pack_codes(self, spec: KernelSpec) -> tuple[str, str]:
+        """Where packed B keeps code (c, kk): (byte, shift) as C expressions (see plan.PackLayout)."""
+        return byte_row_codes(spec)
+
+    def zp_nibbles(self, spec: KernelSpec) -> bool:
+        """Zero points packed two per byte in packed B (else one byte per column)."""
+        return False
+
+    def a_index(self, spec: KernelSpec) -> tuple[str, int, int]:
+        """Where quantized (or staged fp32) A[m][k] lives: (C expr in m, k, Kpad; rows padded to; tail bytes)."""
+        return "m * Kpad + k", spec.tile_m, 0
+
+    def a_chunk_stride(self, spec: KernelSpec) -> int | None:
+        """Bytes between a row's 8-k chunks of quantized A when a vector quantizer stores whole blocks
+        into the kernel's layout (plan.KernelPlan.a_chunk_stride); None: codes copied one by one."""
+        return None
+
+    def a_scale_group(self, spec: KernelSpec) -> int:
+        """A's block scales by groups of this many rows (1: row-major [Mpad][k_blocks])."""
+        return 1
+
+    def quantize_lmul(self, spec: KernelSpec) -> int:
+        """LMUL of the vector A quantizer's fp32 groups (templates/quantize_block.c.j2)."""
+        return 8
+
+    def lower(self, spec: KernelSpec, pack) -> object | None:
+        """The target's part of the KernelPlan (stored in the field plan_part names), given the
+        packed-B layout (plan.PackLayout)."""
+        return None
