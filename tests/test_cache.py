@@ -21,7 +21,7 @@ from imegen.cli import main
 from imegen.ir import specs_from_text
 from imegen.abi import mlas_check
 from imegen.abi.mlas import COMPUTE_INT8, plan_dispatch
-from imegen.perf import measure, mlas_counts, plugin
+from imegen.perf.count import measure, mlas_counts, plugin
 from imegen.perf.cli import output_dir
 from imegen.plan import plan_kernel
 

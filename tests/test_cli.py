@@ -417,7 +417,8 @@ def test_explain_shows_the_block_start_and_the_registers_in_use(capsys, tmp_path
 @pytest.mark.parametrize("command", ["bench", "tune"])
 def test_unwritable_results_folder_is_refused_before_the_run(capsys, monkeypatch, tmp_path, command):
     """A full bench takes half an hour: an output folder it cannot write is an error up front, not at the end."""
-    from imegen.perf import bench, tune
+    from imegen.perf import bench
+    from imegen.perf.search import tune
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("ran before checking its output folder")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from imegen.ort import ort_check
-from imegen.perf import x60
+from imegen.perf.model import x60
 from imegen.perf.workload import PUBLISHED, PUBLISHED_PP512_TPS
 
 ROOT = Path(__file__).resolve().parents[1]

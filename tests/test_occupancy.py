@@ -1,4 +1,4 @@
-"""The static X60 occupancy estimate (imegen/perf/occupancy.py) against LLVM's measured table
+"""The static X60 occupancy estimate (imegen/perf/model/occupancy.py) against LLVM's measured table
 (docs/ime-isa.md §7, copied here by hand from RISCVSchedSpacemitX60.td, not from the module)."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from imegen.ir import specs_from_text
-from imegen.perf import occupancy
+from imegen.perf.count import measure
+from imegen.perf.model import occupancy, x60
 from imegen.plan import plan_kernel
 
 
@@ -68,7 +69,6 @@ def test_one_more_block_costs_what_the_static_walk_says(settings):
     """The counting plugin, on the generated kernel under QEMU: one more K block of a one-tile call adds
     exactly the unit cycles the static walk of the plan's (tile, block) gives, under LLVM's measured
     occupancies and under the bench's model alike (the tile part: the call minus prepare_a)."""
-    from imegen.perf import measure, x60
 
     spec = specs_from_text("defaults { target = ime  compute = int8  bits = 4  block = 32  zero_point = asymmetric  "
                            f"k_unroll = 2  panel = 8  scale_type = fp16 }}\nkernel t {{ {settings} }}")[0]

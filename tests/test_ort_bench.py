@@ -1,11 +1,12 @@
-"""Per-Run counts of real riscv64 onnxruntime (imegen/perf/ort_bench.py) and the whole-model extrapolation."""
+"""Per-Run counts of real riscv64 onnxruntime (imegen/perf/baselines/onnxruntime/run_counts.py) and the whole-model extrapolation."""
 
 import numpy as np
 import pytest
 
-from imegen.perf import ort_bench, ort_model, ort_rows, x60
-from imegen.perf.plugin import plugin_available
-from imegen.perf.tune import Case
+from imegen.perf.baselines.onnxruntime import nodes, run_counts, whole_model
+from imegen.perf.count.plugin import plugin_available
+from imegen.perf.model import x60
+from imegen.perf.workload import Case
 from imegen.toolchain import missing_tools
 
 pytestmark = pytest.mark.skipif(bool(missing_tools()) or not plugin_available(),
@@ -21,14 +22,14 @@ def _total(c):
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     d = tmp_path_factory.mktemp("node")
-    return ort_rows.node_model(d, M, N, K)
+    return nodes.node_model(d, M, N, K)
 
 
 @pytest.fixture(scope="module")
 def counted(node):
     model, feeds, wanted, check = node
-    one = ort_bench.count_runs(model, feeds, wanted, runs=1)
-    three = ort_bench.count_runs(model, feeds, wanted, runs=3)
+    one = run_counts.count_runs(model, feeds, wanted, runs=1)
+    three = run_counts.count_runs(model, feeds, wanted, runs=3)
     return one, three, check
 
 
@@ -68,10 +69,10 @@ def test_session_creation_is_not_in_the_per_run_figure(counted):
 
 def test_four_threads_are_counted_exactly(node):
     model, feeds, wanted, _ = node
-    a = ort_bench.count_runs(model, feeds, wanted, runs=2, threads=4)
-    b = ort_bench.count_runs(model, feeds, wanted, runs=2, threads=4)
-    one = ort_bench.count_runs(model, feeds, wanted, runs=1, threads=1)
-    if not ort_bench.serialized_threads_exact():
+    a = run_counts.count_runs(model, feeds, wanted, runs=2, threads=4)
+    b = run_counts.count_runs(model, feeds, wanted, runs=2, threads=4)
+    one = run_counts.count_runs(model, feeds, wanted, runs=1, threads=1)
+    if not run_counts.serialized_threads_exact():
         pytest.skip("SCHED_FIFO not permitted here: multi-thread counts are approximate")
     assert [_total(r) for r in a.runs[1:]] == [_total(r) for r in b.runs[1:]]  # repeatable
     # The same work split over threads: the sum is the 1-thread count plus the pool's bookkeeping.
@@ -82,15 +83,15 @@ TINY = dict(hidden=128, intermediate=256, heads=2, kv_heads=1, head_dim=64)
 
 
 def test_whole_model_is_linear_in_layers():
-    counts = {L: ort_model.count_model(L, 256, "decode", overrides=TINY)[0].counts for L in (1, 2, 3)}
-    predicted = ort_model.extrapolate(counts[1], counts[2], layers=3)
+    counts = {L: whole_model.count_model(L, 256, "decode", overrides=TINY)[0].counts for L in (1, 2, 3)}
+    predicted = whole_model.extrapolate(counts[1], counts[2], layers=3)
     assert abs(_total(predicted) / _total(counts[3]) - 1) < 0.01
     assert _total(counts[2]) > 1.2 * _total(counts[1])
 
 
 def test_chosen_cases_keep_the_lm_head_at_decode_only():
     cases = [Case("lm_head", m, 151936, 896, 32) for m in (1, 128)] + [Case("q/o", 128, 896, 896, 64)]
-    assert ort_rows.chosen_cases(cases, quick=False) == [cases[0], cases[2]]
+    assert nodes.chosen_cases(cases, quick=False) == [cases[0], cases[2]]
 
 
 def test_stock_riscv64_ort_computes_level_4_in_fp32(counted):
@@ -99,9 +100,9 @@ def test_stock_riscv64_ort_computes_level_4_in_fp32(counted):
     from imegen import reference as ref
     from imegen.ort import ort_check
 
-    rng = np.random.default_rng([ort_rows.SEED, M, N, K, ort_rows.BLOCK])
+    rng = np.random.default_rng([nodes.SEED, M, N, K, nodes.BLOCK])
     W = (0.02 * rng.standard_normal((K, N), dtype=np.float32)).astype(np.float32)
-    qw = ort_check.ort_quantized_weights(W, 4, ort_rows.BLOCK, symmetric=False)
+    qw = ort_check.ort_quantized_weights(W, 4, nodes.BLOCK, symmetric=False)
     A = rng.standard_normal((M, K), dtype=np.float32)
     Y = counted[0].outputs["Y"].astype(np.float64)
     assert np.abs(Y - ref.matmul_nbits(A, qw)).max() < 1e-5

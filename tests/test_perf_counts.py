@@ -1,5 +1,5 @@
 """Instruction counting: the QEMU plugin's classification of a known instruction mix, link-map
-ranges, and the extrapolation of reduced runs to full shapes (imegen/perf/{insn_count.c,measure.py})."""
+ranges, and the extrapolation of reduced runs to full shapes (imegen/perf/count/{insn_count.c,measure.py,extrapolate.py})."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 from imegen import toolchain
 from imegen.ir import specs_from_text
-from imegen.perf import measure, plugin
+from imegen.perf.count import extrapolate, image, measure, plugin
+from imegen.perf.model import occupancy, x60
 from imegen.plan import plan_kernel
 
 C_DIR = Path(__file__).resolve().parent / "c"
@@ -41,10 +42,10 @@ def _count_known_kernel(kernel_source: str, d: Path) -> plugin.PluginRun:
     dobj = toolchain.compile_c([C_DIR / "perf_classify_main.c"], d / "driver.o", include_dirs=[toolchain.RUNTIME_DIR])
     eobj = toolchain.compile_ime_emu(d / "ime_emu.o")
     exe = toolchain.compile_c([kobj, dobj, eobj], d / "classify", extra_flags=["-static", f"-Wl,-Map={d / 'map'}"])
-    ranges = measure.code_ranges_from_map((d / "map").read_text(), {str(kobj): "kernel", str(dobj): "excluded",
+    ranges = image.code_ranges_from_map((d / "map").read_text(), {str(kobj): "kernel", str(dobj): "excluded",
                                                                     str(eobj): "excluded"})
-    ranges += [(lo, hi, "image") for lo, hi in measure.exec_segments(exe)]
-    syms = measure.symbols(exe)
+    ranges += [(lo, hi, "image") for lo, hi in image.exec_segments(exe)]
+    syms = image.symbols(exe)
     return plugin.run_counted(exe, [], ranges, begin=syms["imegen_bench_begin"][0], end=syms["imegen_bench_end"][0])
 
 
@@ -76,7 +77,6 @@ def test_plugin_histograms_llvm_kinds_as_the_static_walk_reads_them(classify_run
     4 (vwadd at m2) + 1 (vadd m1), VFP 4 (vfmacc m4)."""
     import re
 
-    from imegen.perf import occupancy
 
     (region,) = classify_run.regions
     measured = occupancy.measured_cycles(region.values, tags=("kernel",))
@@ -88,7 +88,6 @@ def test_plugin_histograms_llvm_kinds_as_the_static_walk_reads_them(classify_run
     # x60's measured variant swaps exactly these three units.
     from dataclasses import asdict
 
-    from imegen.perf import x60
 
     model, swapped = asdict(x60.core_cycles(region.values)), asdict(x60.core_cycles(region.values, measured=True))
     assert swapped == {**model, "vls": 25, "vieu": 9, "vfp": 4}
@@ -128,7 +127,7 @@ def test_link_map_parsing_handles_both_line_forms():
 .rodata         0x0000000000052a80      0x100
  .rodata        0x0000000000052a84      0x100 /tmp/x/emu.o
 """
-    got = measure.code_ranges_from_map(text, {"/tmp/x/kernel.o": "kernel", "/tmp/x/emu.o": "excluded"})
+    got = image.code_ranges_from_map(text, {"/tmp/x/kernel.o": "kernel", "/tmp/x/emu.o": "excluded"})
     assert got == [(0x10500, 0x10510, "kernel"), (0x1066A, 0x106C4, "kernel"), (0x106C4, 0x10E38, "excluded")]
 
 
@@ -174,7 +173,6 @@ def test_extrapolation_counts_every_m_block(plugin_so):
     code (counted once per block: about 130 instructions)."""
     import dataclasses
 
-    from imegen.perf import x60
 
     spec = specs_from_text("kernel st { target = ime  compute = int8  bits = 4  block = 32  zero_point = asymmetric "
                            "op = gemm  tile = 8x8  k_unroll = 2  panel = 16  stage_b = m_block }")[0]
@@ -201,7 +199,6 @@ def test_extrapolation_counts_k_chunks(plugin_so, stage):
     a direct run up to the per-block entry code, while the same call unsplit costs visibly less."""
     import dataclasses
 
-    from imegen.perf import x60
 
     spec = specs_from_text("kernel kc { target = ime  compute = int8  bits = 4  block = 32  zero_point = asymmetric "
                            f"op = gemm  tile = 8x8  k_unroll = 2  panel = 16  {stage} }}")[0]
@@ -221,7 +218,7 @@ def test_extrapolation_counts_k_chunks(plugin_so, stage):
 
 
 def test_per_core_split():
-    sc = measure.ShapeCounts(M=8, N=64, K=32, mt=2, nt=8, p0={"kernel.int": 10}, dp={"kernel.int": 10},
+    sc = extrapolate.ShapeCounts(M=8, N=64, K=32, mt=2, nt=8, p0={"kernel.int": 10}, dp={"kernel.int": 10},
                              f00={"kernel.int": 100}, dm={"kernel.int": 100}, dn={"kernel.int": 100},
                              dmn={"kernel.int": 100}, samples=())
     assert sc.prep()["kernel.int"] == 20
@@ -237,7 +234,7 @@ def test_per_core_split():
 @NEEDS_TOOLS
 def test_mlas_path_counts_next_to_imegen_abi(plugin_so):
     from imegen.abi.mlas import plan_dispatch
-    from imegen.perf import mlas_counts
+    from imegen.perf.count import mlas_counts
 
     text = """defaults { abi = mlas  compute = int8  block = 32  target = ime  panel = 16 }
 kernel c4 { bits = 4  op = gemm  tile = 4x16  k_unroll = 2 }
@@ -274,7 +271,6 @@ def test_plugin_and_static_walk_sort_every_kind_alike(plugin_so, tmp_path):
     must agree key for key, two decoders written apart."""
     import re
 
-    from imegen.perf import occupancy
 
     (region,) = _count_known_kernel("perf_kinds_kernel.c", tmp_path).regions
     measured = {k[len("kernel."):]: v for k, v in region.values.items() if k.startswith("kernel.occ.") and v}

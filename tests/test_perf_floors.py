@@ -1,4 +1,4 @@
-"""The X60 model's tiling floors (imegen/perf/floors.py) are floors of the code imegen generates,
+"""The X60 model's tiling floors (imegen/perf/model/floors.py) are floors of the code imegen generates,
 and the hand-derived values hold."""
 
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from imegen.ir import specs_from_text
-from imegen.perf import floors, occupancy
+from imegen.perf.model import floors, occupancy
 from imegen.plan import plan_kernel
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,11 +1,11 @@
-"""The X60 cost model's arithmetic (imegen/perf/x60.py): resource bounds, bytes, roofline."""
+"""The X60 cost model's arithmetic (imegen/perf/model/x60.py): resource bounds, bytes, roofline."""
 
 from __future__ import annotations
 
 import pytest
 
 from imegen.ir import specs_from_text
-from imegen.perf import x60
+from imegen.perf.model import x60
 from imegen.plan import plan_kernel
 
 
@@ -95,10 +95,10 @@ def test_modeled_time_is_max_of_core_and_dram():
 def test_llama_q8_workspace_is_read_back_when_it_outgrows_the_l2():
     """llama.cpp's ime.cpp quantizes all of A before its barrier: its Q8 workspace (36 bytes per 32 values)
     is written once and, beyond the L2, read back from DRAM by the tasks."""
-    from imegen.perf import llama_real
+    from imegen.perf.baselines.llama_cpp import counts, rows
     def others(M, N, K):
         w = N * K // 32 * 18
-        passes = llama_real.split(1, M, N)[2] if w > x60.X60.l2_bytes // 2 else 1
+        passes = counts.split(1, M, N)[2] if w > x60.X60.l2_bytes // 2 else 1
         return w * passes + 4 * M * K + 4 * M * N
-    assert llama_real.dram_bytes(1, 896, 4864) == others(1, 896, 4864) + 152 * 36
-    assert llama_real.dram_bytes(512, 896, 4864) == others(512, 896, 4864) + 2 * 512 * 152 * 36
+    assert rows.dram_bytes(1, 896, 4864) == others(1, 896, 4864) + 152 * 36
+    assert rows.dram_bytes(512, 896, 4864) == others(512, 896, 4864) + 2 * 512 * 152 * 36

@@ -9,8 +9,11 @@ import pytest
 
 from imegen import toolchain
 from imegen.cli import main
-from imegen.ir import specs_from_text
-from imegen.perf import measure, plugin, tune
+from imegen.ir import KernelSpec, specs_from_text
+from imegen.perf.count import measure, plugin
+from imegen.perf.search import settings, tune
+from imegen.perf.search.evaluate import RANKINGS
+from imegen.perf.workload import Case
 from imegen.plan import plan_kernel
 
 NEEDS_TOOLS = pytest.mark.skipif(bool(toolchain.missing_tools()), reason="needs the cross toolchains and qemu-riscv64")
@@ -33,8 +36,8 @@ def _settings(**kw):
 
 
 def test_tuner_validates_through_the_dsl():
-    ok = tune.validate(_settings())
-    assert ok.name == tune.config_name(_settings()) and ok.tile_m == 4
+    ok = settings.validate(_settings())
+    assert ok.name == settings.config_name(_settings()) and ok.tile_m == 4
     bad = {
         "tile": (_settings(tile="16x16"), "needs 52 vector registers"),  # asymmetric: 4 of spread zero points
         "k_unroll": (_settings(k_unroll=1), "even k_unroll"),
@@ -42,13 +45,13 @@ def test_tuner_validates_through_the_dsl():
         "block": (_settings(k_unroll=8), "block 32 is not a multiple of the K step 8*k_unroll = 64"),
     }
     for what, (st, message) in bad.items():
-        err = tune.validate(st)
+        err = settings.validate(st)
         assert not hasattr(err, "tile_m") and message in err.message, what
 
 
 @NEEDS_TOOLS
 def test_tuner_refuses_invalid_configs_and_is_deterministic(plugin_so, tmp_path, monkeypatch):
-    targets = [tune.Case("q/o", 1, 896, 896, 32), tune.Case("q/o", 8, 896, 896, 32)]
+    targets = [Case("q/o", 1, 896, 896, 32), Case("q/o", 8, 896, 896, 32)]
     candidates = {32: [_settings(), _settings(tile="8x16"), _settings(op="gemv", tile="1x16"),
                        _settings(tile="16x16"), _settings(k_unroll=1)]}
     built = []
@@ -56,8 +59,8 @@ def test_tuner_refuses_invalid_configs_and_is_deterministic(plugin_so, tmp_path,
     monkeypatch.setattr(measure, "build_bench", lambda plan, **kw: built.append(plan.name) or real_build(plan, **kw))
     first = tune.search(targets, candidates=candidates, jobs=2)
     assert first.evaluated == 3 and len(first.refused) == 2
-    assert {n for n, _ in first.refused} == {tune.config_name(_settings(tile="16x16")), tune.config_name(_settings(k_unroll=1))}
-    assert set(built) == {tune.config_name(c) for c in candidates[32][:3]}  # refused configs are never built
+    assert {n for n, _ in first.refused} == {settings.config_name(_settings(tile="16x16")), settings.config_name(_settings(k_unroll=1))}
+    assert set(built) == {settings.config_name(c) for c in candidates[32][:3]}  # refused configs are never built
     # Reproducible: again from scratch (empty build and count cache) gives the same counts and choices.
     monkeypatch.setenv("IMEGEN_QEMU_PLUGIN_H", str(plugin.find_header(fetch=False)))
     monkeypatch.setenv("IMEGEN_CACHE_DIR", str(tmp_path / "cache"))
@@ -142,12 +145,12 @@ def test_bench_quick(plugin_so, tmp_path, capsys):
 def test_settings_round_trip_through_the_validator_with_stage_b():
     """The tuner writes its winners from settings_of(spec): a staged winner must stay staged in
     tuned.imegen (and in the bench's config labels)."""
-    from imegen.perf.bench import short_config
+    from imegen.perf.report.tables import short_config
 
     for st in tune.stage2({**tune.base_settings(32), "op": "gemm", "tile": "8x8", "k_unroll": 2, "unpack": "planar",
                            "panel": 8, "scales": "inline"}):
-        spec = tune.validate(st)
-        assert tune.settings_of(spec) == {**st, **({"stage_b": "m_block"} if st.get("stage_b") == "m_block" else {})}
+        spec = settings.validate(st)
+        assert settings.settings_of(spec) == {**st, **({"stage_b": "m_block"} if st.get("stage_b") == "m_block" else {})}
         assert ("staged" in short_config(spec)) == (spec.stage_b == "m_block")
 
 
@@ -160,7 +163,7 @@ def test_stage2_variants_of_every_leader_are_valid():
     leaders.append({"op": "gemv", "tile": "1x16", "k_unroll": 4, "unpack": "planar", "panel": 16, "scales": "inline"})
     for leader in leaders:
         variants = tune.stage2({**tune.base_settings(32), **leader})
-        refused = [tune.config_name(v) for v in variants if not isinstance(tune.validate(v), tune.KernelSpec)]
+        refused = [settings.config_name(v) for v in variants if not isinstance(settings.validate(v), KernelSpec)]
         assert not refused, refused
         assert any(v.get("a_scale_type") == "fp16" for v in variants), leader
 
@@ -172,9 +175,9 @@ def test_tuner_ranks_by_the_cost_asked_for(plugin_so):
     issue slot); LLVM's measured occupancies charge its LMUL-4 vrgathers 64 cycles each and prefer the
     per-register spreads; robust (the default, what the bench uses) ranks each config by the slower of
     the two, so it takes the per-register fold too."""
-    targets = [tune.Case("q/o", 128, 896, 896, 32)]
+    targets = [Case("q/o", 128, 896, 896, 32)]
     candidates = {32: [_settings(tile="8x8", panel=16), _settings(tile="8x8", panel=16, spread="per_register")]}
-    got = {by: tune.search(targets, candidates=candidates, by=by) for by in tune.RANKINGS}
+    got = {by: tune.search(targets, candidates=candidates, by=by) for by in RANKINGS}
     spread = {by: r.best[targets[0]].spec.spread for by, r in got.items()}
     assert spread == {"model": "group", "measured": "per_register", "robust": "per_register"}
     assert "measured occupancies" in got["measured"].spec_file() and "--occupancy measured" in got["measured"].spec_file()

@@ -1,3 +1,9 @@
-"""Performance tooling: deterministic instruction counts under QEMU (plugin.py, measure.py), the
-SpacemiT X60 cost model (x60.py), the Qwen2.5-0.5B workload (workload.py), the tile-config
-autotuner (tune.py) and the benchmark report (bench.py) behind `imegen bench` / `imegen tune`."""
+"""Performance tooling behind `imegen bench`, `imegen tune` and `imegen floors`, by job:
+  count/      deterministic instruction counts under QEMU (the TCG plugin, a kernel's bench executable,
+              reduced runs extrapolated to full shapes, the MLAS calling convention's cost)
+  model/      the SpacemiT K1 / X60 cost model (counts and bytes to modeled time, LLVM's measured
+              occupancies, the floors of IME register tilings)
+  search/     kernel configs through the DSL's validator, their evaluation, the tile-config tuner
+  baselines/  what imegen is compared with (DSL baselines, llama.cpp's real kernels, real onnxruntime)
+  report/     the bench's tables, text, CSV and plot
+workload.py is the Qwen2.5-0.5B workload and its cases, bench.py runs a bench, cli.py the commands."""

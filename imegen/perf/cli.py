@@ -8,11 +8,20 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..abi.mlas import plan_dispatch
 from ..errors import SpecError
+from ..ir import load_specs
+from ..plan import plan_kernel
 from ..toolchain import ToolchainError, missing_tools
-from .plugin import PluginUnavailable
-from .tune import RANKINGS
-from .workload import BLOCKS
+from . import bench
+from .count import mlas_counts
+from .count.plugin import PluginUnavailable
+from .model import floors
+from .report import files
+from .report.text import report as bench_report
+from .search import tune
+from .search.evaluate import RANKINGS
+from .workload import BLOCKS, targets
 
 COMMANDS = ("bench", "tune", "floors")
 FULL_RESULTS, QUICK_RESULTS = "bench/results", "bench/results-quick"
@@ -58,11 +67,6 @@ def _log(msg: str) -> None:
 
 
 def _mlas_counts(spec_file: str) -> str:
-    from ..ir import load_specs
-    from ..abi.mlas import plan_dispatch
-    from ..plan import plan_kernel
-    from . import mlas_counts
-
     d = plan_dispatch([plan_kernel(s) for s in load_specs(spec_file)], spec_file)
     if d is None:
         raise SpecError(None, f"{spec_file} has no abi = mlas kernels")
@@ -81,8 +85,6 @@ def _unwritable(out: Path) -> str | None:
 
 
 def run_perf_command(args) -> int:
-    from . import bench, floors, tune
-
     if args.command == "floors":  # static: reads bench.csv, runs nothing
         try:
             text = floors.report(Path(args.results))
@@ -106,16 +108,16 @@ def run_perf_command(args) -> int:
         if args.command == "bench" and args.mlas:
             print(_mlas_counts(args.mlas))
         elif args.command == "tune":
-            result = tune.search(tune.targets(quick=args.quick, blocks=args.blocks), quick=args.quick,
+            result = tune.search(targets(quick=args.quick, blocks=args.blocks), quick=args.quick,
                                  jobs=args.jobs or os.cpu_count() or 1, log=_log, by=args.occupancy)
             print(result.spec_file())
             for path in tune.write_outputs(result, out):
                 _log(f"wrote {path}")
         else:
             res = bench.run(quick=args.quick, blocks=args.blocks, jobs=args.jobs, log=_log)
-            text = bench.report(res)
-            print(text)
-            for path in bench.write_outputs(res, out, text):
+            report = bench_report(res)
+            print(report)
+            for path in files.write_outputs(res, out, report):
                 _log(f"wrote {path}")
     except (SpecError, ToolchainError, PluginUnavailable, OSError) as e:
         print(e if isinstance(e, SpecError) else f"error: {e}", file=sys.stderr)  # SpecError says "error:" itself

@@ -6,6 +6,8 @@ Per layer: q 896->896, k 896->128, v 896->128, o 896->896, gate 896->4864, up 89
 down 4864->896. Only these projections and the LM head are modeled: attention itself, norms,
 rotary embedding, the q/k/v bias adds and sampling are not MatMulNBits and are left out of
 every ms/token figure.
+
+A Case is one shape at one M and block: what the tuner and the bench evaluate a kernel on.
 """
 
 from __future__ import annotations
@@ -60,6 +62,42 @@ DECODE_M = 1
 PREFILL_M = (128, 512)
 BLOCKS = (32, 64, 128)
 
+
+@dataclass(frozen=True)
+class Case:
+    """One tuning target: a weight shape at one M and block size."""
+
+    shape: str
+    M: int
+    N: int
+    K: int
+    block: int
+
+    @property
+    def mnk(self) -> tuple[int, int, int]:
+        return self.M, self.N, self.K
+
+    @property
+    def label(self) -> str:
+        return f"{self.shape} M={self.M} block={self.block}"
+
+    @property
+    def ident(self) -> str:
+        return f"qwen_{self.shape.replace('/', '_')}_m{self.M}_b{self.block}"
+
+
+def cases(*, blocks=BLOCKS, ms=(DECODE_M, *PREFILL_M), only_shapes: tuple[str, ...] | None = None) -> list[Case]:
+    return [Case(s.name, M, s.N, s.K, b) for b in blocks for s in shapes()
+            if only_shapes is None or s.name in only_shapes for M in ms]
+
+
+def targets(*, quick: bool = False, blocks=BLOCKS) -> list[Case]:
+    """What `imegen tune`/`bench` cover: every Qwen shape x M x block, or the --quick CI subset
+    (the q/o shape at M = 1 and 128, the first block)."""
+    if quick:
+        return cases(blocks=blocks[:1], ms=(DECODE_M, PREFILL_M[0]), only_shapes=("q/o",))
+    return cases(blocks=blocks)
+
 # Published end-to-end figures on K1 / X60 with 4 threads (whole model, not just MatMulNBits), with
 # their public source: the K1 table of ggml-org/llama.cpp/docs/build-riscv64-spacemit.md at 6f8d9794,
 # Qwen2.5 0.5B Q4_0. No public ONNX Runtime figure for the K1 is known (docs/ime-isa.md §7).
@@ -68,3 +106,5 @@ PUBLISHED = {
     f"llama.cpp Q4_0, tg128 10.03 t/s ({LLAMA_CPP_SOURCE})": 1000.0 / 10.03,  # ms/token, decode
 }
 PUBLISHED_PP512_TPS = 64.12  # llama.cpp Q4_0 pp512 tokens/s, same table
+PUBLISHED_TG128_TPS = 10.03  # llama.cpp Q4_0 tg128 tokens/s, same table (PUBLISHED in tokens/s)
+PUBLISHED_ORT_MS = 80.0  # an ms/token figure cited for ORT on K1 (Qwen2.5-0.5B int4); imegen found no public source for it

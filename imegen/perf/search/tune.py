@@ -14,9 +14,9 @@ Search space (4-bit weights, asymmetric zero points, int8 compute, target ime):
           leaders ir.spread_refusal admits spread = per_register (the fold's scale spreads by LMUL-1
           vrgathers), every panel and scale type, planar and inline;
 Every candidate is written as DSL text and goes through imegen's own parser and validator
-(ir.specs_from_text); the ones it refuses (register budget, k_unroll vs block, ...) are
-reported with the validator's message and never built. Valid ones are measured (measure.py,
-cached) and modeled (x60.py). The best config per shape minimises the modeled time on 4 IME
+(search.settings.validate); the ones it refuses (register budget, k_unroll vs block, ...) are
+reported with the validator's message and never built. Valid ones are measured (count/measure.py,
+cached) and modeled (model/x60.py), by search/evaluate.py. The best config per shape minimises the modeled time on 4 IME
 cores (times within TIE = 1% of the best count as tied), then on 1 core, then the core-side time on 1 core (what is left when DRAM binds), then
 fewer retired instructions, then the spec text: the choice is deterministic, and a rerun with the same sources reproduces it
 from the count cache.
@@ -31,81 +31,16 @@ K1: a config chosen by the worse case is one neither view can make slow.
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SpecError
-from ..ir import KernelSpec, specs_from_text
-from ..plan import plan_kernel
-from . import measure, occupancy, x60
-from .workload import BLOCKS, DECODE_M, PREFILL_M, shapes
+from ...errors import SpecError
+from ...ir import KernelSpec
+from ..workload import Case
+from .evaluate import RANKINGS, Evaluation, evaluate
+from .settings import config_name, settings_of, spec_text, validate
 
 TIE = 0.01  # relative 4-core time difference below which configs count as tied
-RANKINGS = ("robust", "model", "measured")  # the cost the tuner ranks by (Evaluation.times); the first is the default
-
-ORDER = ("op", "bits", "block", "zero_point", "bias", "compute", "target", "vlen", "tile", "k_unroll",
-         "unpack", "panel", "scales", "scale_type", "stage_b", "spread", "a_scale_type")
-
-
-@dataclass(frozen=True)
-class Case:
-    """One tuning target: a weight shape at one M and block size."""
-
-    shape: str
-    M: int
-    N: int
-    K: int
-    block: int
-
-    @property
-    def mnk(self) -> tuple[int, int, int]:
-        return self.M, self.N, self.K
-
-    @property
-    def label(self) -> str:
-        return f"{self.shape} M={self.M} block={self.block}"
-
-    @property
-    def ident(self) -> str:
-        return f"qwen_{self.shape.replace('/', '_')}_m{self.M}_b{self.block}"
-
-
-def cases(*, blocks=BLOCKS, ms=(DECODE_M, *PREFILL_M), only_shapes: tuple[str, ...] | None = None) -> list[Case]:
-    return [Case(s.name, M, s.N, s.K, b) for b in blocks for s in shapes()
-            if only_shapes is None or s.name in only_shapes for M in ms]
-
-
-def targets(*, quick: bool = False, blocks=BLOCKS) -> list[Case]:
-    """What `imegen tune`/`bench` cover: every Qwen shape x M x block, or the --quick CI subset
-    (the q/o shape at M = 1 and 128, the first block)."""
-    if quick:
-        return cases(blocks=blocks[:1], ms=(DECODE_M, PREFILL_M[0]), only_shapes=("q/o",))
-    return cases(blocks=blocks)
-
-
-def spec_text(name: str, settings: dict[str, object]) -> str:
-    body = "\n".join(f"  {k:<10} = {settings[k]}" for k in ORDER if k in settings)
-    return f"kernel {name} {{\n{body}\n}}\n"
-
-
-def config_name(settings: dict[str, object]) -> str:
-    """A readable name that identifies a config (kernel names are C prefixes)."""
-    s = settings
-    tile = str(s["tile"])
-    parts = [str(s["target"]), str(s["compute"]), str(s["op"]), tile, f"k{s['k_unroll']}",
-             str(s["unpack"])[:2], f"p{s['panel']}", str(s["scales"])[:3], f"b{s['block']}"]
-    if s.get("scale_type", "fp32") != "fp32":
-        parts.append(str(s["scale_type"]))
-    if s.get("stage_b", "tile") != "tile":
-        parts.append("staged")
-    if s.get("spread", "group") != "group":
-        parts.append("spreadreg")
-    if s.get("a_scale_type", "fp32") != "fp32":
-        parts.append("a16")
-    if "vlen" in s:
-        parts.insert(3, f"v{s['vlen']}")
-    return "_".join(parts)
 
 
 def base_settings(block: int) -> dict[str, object]:
@@ -148,101 +83,6 @@ def stage2(settings: dict[str, object], *, quick: bool = False) -> list[dict[str
     return layouts
 
 
-def validate(settings: dict[str, object]) -> KernelSpec | SpecError:
-    """Through the DSL's own parser and validator; returns the spec or the refusal."""
-    name = config_name(settings)
-    try:
-        (spec,) = specs_from_text(spec_text(name, settings), f"<tune:{name}>")
-        return spec
-    except SpecError as e:
-        return e
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    spec: KernelSpec
-    case: Case
-    counts: dict[str, float]  # one core, whole shape
-    one_core: x60.Modeled
-    four_cores: x60.Modeled
-    # The same on 1 and 4 cores with the vector units' cycles from LLVM's hardware-measured X60
-    # occupancies (x60.core_cycles(measured=True)); search(by=...) says which cost ranks (RANKINGS).
-    measured: tuple[x60.Modeled, x60.Modeled] | None = None
-
-    def times(self, by: str = "model") -> tuple[x60.Modeled, x60.Modeled]:
-        """(1 core, 4 cores) under the model ("model"), under LLVM's measured occupancies ("measured"),
-        or each the slower of the two ("robust"; the model alone where no occupancies were counted)."""
-        if by == "model" or (by == "robust" and self.measured is None):
-            return self.one_core, self.four_cores
-        if by == "measured":
-            return self.measured
-        return tuple(max(a, b, key=lambda t: t.time_s)  # type: ignore[return-value]
-                     for a, b in zip((self.one_core, self.four_cores), self.measured))
-
-    def rank_key(self, by: str = "model") -> tuple:
-        """Time on 4 cores, then on 1 core, then core-side time on 1 core (headroom when DRAM-bound),
-        ranked by `by` (times()); robust then breaks ties by the faster view's times (the slower one
-        tied); then fewer retired instructions (e.g. fp32 over fp16 scales where the bytes do not
-        matter), then the spec text: a total order, so the choice is deterministic."""
-        one, four = self.times(by)
-        other = (0.0, 0.0)
-        if by == "robust" and self.measured is not None:  # the faster view, 4 cores then 1
-            other = (min(self.four_cores.time_s, self.measured[1].time_s), min(self.one_core.time_s, self.measured[0].time_s))
-        return (four.time_s, one.time_s, one.core_s, *other, x60.total_instructions(self.counts),
-                spec_text("k", settings_of(self.spec)))
-
-    @property
-    def key(self) -> tuple:
-        return self.rank_key()
-
-
-def settings_of(spec: KernelSpec) -> dict[str, object]:
-    d = {"op": spec.op, "bits": spec.bits, "block": spec.block, "zero_point": spec.zero_point,
-         "bias": "yes" if spec.bias else "no", "compute": spec.compute, "target": spec.target,
-         "tile": f"{spec.tile_m}x{spec.tile_n}", "k_unroll": spec.k_unroll, "unpack": spec.unpack,
-         "panel": spec.panel, "scales": spec.scales, "scale_type": spec.scale_type}
-    if spec.target == "rvv":
-        d["vlen"] = spec.vlen
-    if spec.stage_b != "tile":
-        d["stage_b"] = spec.stage_b
-    if spec.spread != "group":
-        d["spread"] = spec.spread
-    if spec.a_scale_type != "fp32":
-        d["a_scale_type"] = spec.a_scale_type
-    return d
-
-
-def evaluate(specs: list[KernelSpec], targets: list[Case], *, jobs: int = 1, log=None,
-             params: x60.X60Params = x60.X60) -> dict[tuple[str, Case], Evaluation]:
-    """Measure every spec on every case (one QEMU run per spec) and model it."""
-
-    def one(spec: KernelSpec) -> list[Evaluation]:
-        plan = plan_kernel(spec)
-        mine = [c for c in targets if c.block == spec.block]
-        counted = measure.measure_shapes(plan, [c.mnk for c in mine])
-        out = []
-        for c, sc in zip(mine, counted):
-            one_core, four = sc.matmul(1), sc.matmul(params.ime_cores)
-            measured = (tuple(x60.model(plan, *c.mnk, n, cores, params, measured=True) for n, cores in ((one_core, 1), (four, params.ime_cores)))
-                        if occupancy.measured_cycles(one_core) is not None else None)
-            out.append(Evaluation(spec, c, one_core, x60.model(plan, *c.mnk, one_core, 1, params),
-                                  x60.model(plan, *c.mnk, four, params.ime_cores, params), measured))
-        if log:
-            log(f"  measured {spec.name}")
-        return out
-
-    results: dict[tuple[str, Case], Evaluation] = {}
-    unique = list({s.name: s for s in specs}.values())
-    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
-    try:
-        for evals in pool.map(one, unique):
-            for e in evals:
-                results[(e.spec.name, e.case)] = e
-    finally:  # on Ctrl-C (or a failure) do not start the queued measurements
-        pool.shutdown(cancel_futures=True)
-    return results
-
-
 @dataclass(frozen=True)
 class TuneResult:
     best: dict[Case, Evaluation]
@@ -255,7 +95,7 @@ class TuneResult:
         how = {"model": "", "measured": " with LLVM's hardware-measured occupancies for the vector units",
                "robust": ", each config's slower of the model's and LLVM's hardware-measured vector occupancies"}[self.by]
         lines = [f"# imegen tune: best IME config per Qwen2.5-0.5B MatMulNBits shape under the X60 cost model{how}",
-                 "# (modeled, not measured on hardware; see imegen/perf/x60.py). Regenerate with `imegen tune"
+                 "# (modeled, not measured on hardware; see imegen/perf/model/x60.py). Regenerate with `imegen tune"
                  + ("`." if self.by == RANKINGS[0] else f" --occupancy {self.by}`."), ""]
         for case, e in self.best.items():
             one, four = e.times(self.by)

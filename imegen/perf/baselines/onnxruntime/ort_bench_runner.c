@@ -1,4 +1,4 @@
-/* Counted Runs of a real riscv64 onnxruntime session (imegen.perf.ort_bench; runs under qemu-riscv64).
+/* Counted Runs of a real riscv64 onnxruntime session (imegen.perf.baselines.onnxruntime.run_counts; runs under qemu-riscv64).
  *
  * argv: ORT_LIBRARY MODEL CUSTOM_OPS|- INTRA_OP_THREADS RUNS FEEDS_FILE OUTPUT_FILE
  * FEEDS_FILE: u32 n, tensor[n], u32 n_wanted, string[n_wanted] (imegen/ort/ort_runner.c's formats).

@@ -1,7 +1,7 @@
 /* imegen bench driver: runs one generated kernel on deterministic data under the counting plugin.
  *
  * Compiled per kernel with -DIMEGEN_BENCH_HEADER="\"NAME.h\"" -DIMEGEN_BENCH_PREFIX=NAME_ and the
- * kernel's BLOCK/BITS/ZP/BIAS/IME settings (imegen/perf/measure.py). argv: cases "MxNxK".
+ * kernel's BLOCK/BITS/ZP/BIAS/IME settings (imegen/perf/count/measure.py). argv: cases "MxNxK".
  * For every case it packs B (not counted), then brackets two calls with the marker functions,
  * whose entry points the plugin watches:
  *     region 2i:   prepare_a          (A quantization / copy alone)

@@ -7,7 +7,7 @@ entry is configured (.ci/install creates one), and caches header and .so in imeg
 cache (imegen/cache.py), the .so keyed by source, header, flags and host compiler. An unusable
 cache directory is reported as such, before any fetch is tried.
 
-    python3 -m imegen.perf.plugin      # fetch the header if needed, build, print the .so path
+    python3 -m imegen.perf.count.plugin      # fetch the header if needed, build, print the .so path
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import cache, toolchain
-from ..toolchain import ToolchainError
+from ... import cache, toolchain
+from ...toolchain import ToolchainError
 
 SOURCE = Path(__file__).with_name("insn_count.c")
 

@@ -9,7 +9,7 @@
 //           calls ime1::gemm_kernel_i8i4 per 16-column block (M > 1) or once for all its columns (M == 1),
 //           4 rows at a time (M4 kernel) or 1 row (M1 kernel).
 // The kernels and Q8 helpers come from the downloaded sources; this file is counted with them as
-// llama.cpp's code (imegen/perf/llama_real.py).
+// llama.cpp's code (imegen/perf/baselines/llama_cpp/).
 #include "llama_loop.h"
 
 #include <algorithm>

@@ -3,13 +3,13 @@
 Each Qwen shape (the bench's blocks and M values) becomes a single-node com.microsoft MatMulNBits model:
 seeded random weights quantized by onnxruntime's own quantizer (4-bit, blocks 32/64/128, asymmetric,
 accuracy_level 4: what a user's int4 Qwen export holds), A seeded random. It runs in Debian's riscv64
-ORT 1.23 under QEMU (ort_bench.py: per-Run counts, session creation excluded) with 1 and 4 intra-op
+ORT 1.23 under QEMU (run_counts.py: per-Run counts, session creation excluded) with 1 and 4 intra-op
 threads; its output is checked against the NumPy CompInt8 oracle (imegen/reference.py) within ORT's
 level-4 tolerance before any count is used. The same model rewritten to imegen's domain (imegen.ort.
 rewrite) with the qemu-flavour custom-op library of the case's tuned kernel gives the real integration
 path's per-Run count ("ORT+imegen"); minus the kernel's own count (the imegen row) it is the glue.
 
-MODELED time (x60.py): the per-Run class counts as one core's work (4 threads: the sum over threads
+MODELED time (model/x60.py): the per-Run class counts as one core's work (4 threads: the sum over threads
 split evenly, since the plugin's counters are process-wide), max(core cycles / clock, DRAM bytes /
 5.24 GB/s), DRAM bytes = the ORT-format weights (int4 codes, fp32 scales, packed 4-bit zero points) +
 A + C in fp32 for stock ORT, the imegen kernel's own traffic for ORT+imegen.
@@ -23,9 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import reference as ref
-from . import ort_bench, x60
-from .tune import Case
+from .... import reference as ref
+from ....ort.customop import build_library
+from ...model import x60
+from ...workload import Case
+from . import run_counts
 
 BLOCK = 32  # the block a user's int4 export uses; Q4_0's too
 STOCK_THREADS = (1, 4)
@@ -45,8 +47,8 @@ def node_model(d: Path, M: int, N: int, K: int, block: int = BLOCK, specs=None):
     """(model path, feeds, wanted, check) of one MatMulNBits node; specs: rewrite it for imegen's library."""
     import onnx
 
-    from ..ort import ort_check
-    from ..ort.rewrite import rewrite
+    from ....ort import ort_check
+    from ....ort.rewrite import rewrite
 
     rng = np.random.default_rng([SEED, M, N, K, block])
     W = (0.02 * rng.standard_normal((K, N), dtype=np.float32)).astype(np.float32)
@@ -93,7 +95,7 @@ def count_node(case: Case, threads: int, specs=None, library: Path | None = None
              inspect.getsource(node_model), Path(ref.__file__).read_text())  # what decides the model and its check
     if specs is not None:
         parts += tuple(s.describe() for s in specs)
-    rc = ort_bench.cached_count_runs(parts, lambda d: node_model(d, M, N, K, case.block, specs), threads=threads,
+    rc = run_counts.cached_count_runs(parts, lambda d: node_model(d, M, N, K, case.block, specs), threads=threads,
                                      runs=runs_for(M, N, K), custom_ops=library)
     return NodeCount(mean_counts(rc.runs), [x60.total_instructions(r) for r in rc.runs], rc.check["worst"], rc.version)
 
@@ -140,8 +142,6 @@ def lib_cases(cases: list[Case], quick: bool) -> list[Case]:
 
 
 def rows(cases: list[Case], tuned, *, quick: bool = False, log=None) -> list[OrtRow]:
-    from ..ort.customop import build_library
-
     out = []
     chosen = chosen_cases(cases, quick)
     with_lib = set(lib_cases(chosen, quick))
@@ -155,76 +155,3 @@ def rows(cases: list[Case], tuned, *, quick: bool = False, log=None) -> list[Ort
             lib = count_node(c, 1, specs, build_library(specs, "tuned.imegen", flavour="qemu"))
         out.append(OrtRow(c, stock, lib))
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Tables
-
-
-def table(res, rs: list[OrtRow]) -> str:
-    from .bench import format_table
-
-    head = ["shape", "M", "block", "ORT 1t M", "ORT 4t M (sum)", "imegen 1c M", "instr ratio", "ORT 1t ms", "ORT 4t ms",
-            "imegen 1c ms", "imegen 4c ms", "ratio 1t/1c", "ratio 4t/4c", "ORT+imegen 1t M", "glue M",
-            "ORT+imegen 1t ms", "check"]
-    body = []
-    for r in rs:
-        ev = res.get(r.case, "imegen")
-        s1, s4 = r.stock[1], r.stock[4]
-        t1, t4 = r.modeled(1)[0], r.modeled(4)[0]
-        mine = x60.total_instructions(ev.counts)
-        lib = r.imegen_lib
-        lib_cells = ["-", "-", "-"]
-        if lib is not None:
-            lt = modeled_time(lib.counts, ev.one_core.dram_bytes, 1)[0]
-            lib_cells = [f"{x60.total_instructions(lib.counts) / 1e6:.3f}", f"{(x60.total_instructions(lib.counts) - mine) / 1e6:.3f}", f"{lt * 1e3:.4f}"]
-        worst = max([s1.worst, s4.worst] + ([lib.worst] if lib else []))
-        body.append([r.case.shape, str(r.case.M), str(r.case.block), f"{x60.total_instructions(s1.counts) / 1e6:.3f}", f"{x60.total_instructions(s4.counts) / 1e6:.3f}",
-                     f"{mine / 1e6:.3f}", f"{x60.total_instructions(s1.counts) / mine:.1f}x", f"{t1 * 1e3:.4f}", f"{t4 * 1e3:.4f}",
-                     f"{ev.one_core.time_s * 1e3:.4f}", f"{ev.four_cores.time_s * 1e3:.4f}",
-                     f"{t1 / ev.one_core.time_s:.1f}x", f"{t4 / ev.four_cores.time_s:.1f}x", *lib_cells,
-                     f"{worst:.2f} tol"])
-    return format_table(head, body, right=set(range(1, len(head))))
-
-
-def method_text(rs: list[OrtRow]) -> str:
-    version = rs[0].stock[1].version if rs else "?"
-    return (f"Stock ONNX Runtime {version} (Debian's riscv64 build, libonnxruntime1.23) per Run: single-node "
-            f"com.microsoft MatMulNBits models ({DESCRIBES}), run under QEMU by imegen/perf/ort_bench_runner.c. "
-            "Instructions MEASURED per Run (millions): the plugin's begin/end markers bracket each OrtRun after session "
-            "creation and one warm-up Run, and count everything ORT executes on every thread (libonnxruntime and "
-            "every library it calls: libc, libstdc++, ...; the runner executable excluded); '4t (sum)' = the sum over "
-            "the 4 intra-op threads (the plugin's counters are process-wide, not per thread, and not atomic: the "
-            "guest threads run serialized on one host CPU under SCHED_FIFO, which makes the counts exact and "
-            "repeatable; unpinned, parallel vCPUs lose 10-35% of them"
-            + ("" if ort_bench.serialized_threads_exact() else
-               "; SCHED_FIFO was NOT permitted in this run, so the 4-thread counts are APPROXIMATE (low)")
-            + "), the busiest thread is not separable. "
-            "Output checked against the NumPy CompInt8 oracle, i.e. what level 4 allows ('check': worst error as a "
-            "fraction of ORT's level-4 tolerance). Times MODELED (x60.py) as max(core, DRAM): 1t = the counts on one core, 4t = the sum split "
-            "evenly over 4 cores; DRAM bytes = ORT-format weights (fp32 scales, packed zero points) + A + C. "
-            "imegen = the tuned kernel's own rows above; ratio = stock ORT / imegen. 'ORT+imegen' = the same model "
-            "rewritten to imegen's custom-op library (its tuned kernel, IME emulator excluded) in the same ORT, "
-            "1 thread; 'glue' = ORT+imegen minus the kernel alone (ORT's Run, the custom op's dispatch, A/C handling).")
-
-
-def write_csv(res, rs: list[OrtRow]) -> str:
-    import csv
-    import io
-
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["shape", "M", "N", "K", "block", "path", "threads", "instructions_per_run", "ms_modeled", "bound",
-                "check_of_tolerance", "ort_version"])
-    for r in rs:
-        c = r.case
-        for t, nc in sorted(r.stock.items()):
-            ms, bound = r.modeled(t)
-            w.writerow([c.shape, c.M, c.N, c.K, c.block, "stock ORT", t, round(x60.total_instructions(nc.counts)), f"{ms * 1e3:.6f}",
-                        bound, f"{nc.worst:.4f}", nc.version])
-        if r.imegen_lib is not None:
-            ev = res.get(c, "imegen")
-            ms, bound = modeled_time(r.imegen_lib.counts, ev.one_core.dram_bytes, 1)
-            w.writerow([c.shape, c.M, c.N, c.K, c.block, "ORT+imegen", 1, round(x60.total_instructions(r.imegen_lib.counts)),
-                        f"{ms * 1e3:.6f}", bound, f"{r.imegen_lib.worst:.4f}", r.imegen_lib.version])
-    return buf.getvalue()

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import cache, toolchain
-from ..ort import mlas_check
-from ..ort.mlas_abi import COMPUTE_INT8, DispatchPlan, Group
-from ..plan import KernelPlan, expected_vmadots, plan_kernel
-from . import measure
+from ... import cache, toolchain
+from ...abi import mlas_check
+from ...abi.mlas import COMPUTE_INT8, DispatchPlan, Group
+from ...plan import KernelPlan, expected_vmadots, plan_kernel
+from . import image, measure
 from .plugin import run_counted
 
 METHOD = (
@@ -74,12 +74,12 @@ def build(d: DispatchPlan, spec_file: str) -> tuple:
         toolchain.compile_c(kernel_objs + rest, work / "driver", extra_flags=["-static", f"-Wl,-Map={work / 'driver.map'}"])
         objects = {str(o): "kernel" for o in kernel_objs}
         objects.update({str(work / n): "excluded" for n in ("dispatch.o", "mlas_driver.o", "ime_emu.o")})
-        measure.save_ranges(work, measure.code_ranges_from_map((work / "driver.map").read_text(), objects))
+        image.save_ranges(work, image.code_ranges_from_map((work / "driver.map").read_text(), objects))
 
     work = cache.entry(f"mlas-counts-{d.prefix}", inputs.key(), fill)
-    exe, ranges = work / "driver", measure.load_ranges(work)
-    ranges += [(lo, hi, "image") for lo, hi in measure.exec_segments(exe)]
-    syms = measure.symbols(exe)
+    exe, ranges = work / "driver", image.load_ranges(work)
+    ranges += [(lo, hi, "image") for lo, hi in image.exec_segments(exe)]
+    syms = image.symbols(exe)
     return exe, ranges, syms["imegen_bench_begin"][0], syms["imegen_bench_end"][0]
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..plan import AsmOp, KernelPlan
+from ...plan import KernelPlan
+from ...targets.ime.asm import AsmOp
 
 VLEN = 256
 LMULS = ("mf8", "mf4", "mf2", "m1", "m2", "m4", "m8")  # bucket b of an LMUL-bucketed kind: LMULS[b]

@@ -7,14 +7,14 @@ it). Two QEMU processes: the first stops after printing the executable mappings 
 loaded where QEMU's deterministic mmap puts them), the second runs with the plugin and ranges built
 from them, and must print the same mappings.
 
-Accounting (plugin tags, imegen/perf/insn_count.c):
+Accounting (plugin tags, imegen/perf/count/insn_count.c):
   kernel    libonnxruntime.so and, with the custom-op path, imegen's custom-op library (kernels and
             glue), minus its IME emulator
   callee    every other library: libc, libm, libstdc++, libgcc, libonnx/protobuf ... ("other libs")
   excluded  the runner executable (it only calls OrtRun between the markers) and the IME emulator
   outside   QEMU's signal trampoline and vdso (2 instructions per emulated vmadot)
 so a per-Run figure is everything ORT executes for the Run on every thread (kernel + callee), which
-is what the X60 model (x60.TAGS) turns into time.
+is what the X60 model (model/x60.py's TAGS) turns into time.
 
 Threads: the plugin's counters are process-wide (one set for every vCPU), so with several intra-op
 threads a region holds the sum over threads; the busiest thread is not separable. The thread pool's
@@ -34,12 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import cache, toolchain
-from ..ort import sysroot
-from ..ort.riscv import DTYPES, HARMLESS_STDERR, ONNX_TYPE
-from ..toolchain import ToolchainError
-from . import plugin
-from .measure import BEAT_BYTES, NM, VLEN, symbols
+from .... import cache, toolchain
+from ....ort import sysroot
+from ....ort.riscv import DTYPES, HARMLESS_STDERR, ONNX_TYPE
+from ....toolchain import ToolchainError
+from ...count import plugin
+from ...count.image import NM, symbols
+from ...count.measure import BEAT_BYTES, VLEN
 
 RUNNER_SOURCE = Path(__file__).with_name("ort_bench_runner.c")
 ORT_VERSION = "1.23"

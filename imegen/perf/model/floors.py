@@ -8,7 +8,7 @@ can reach at a block size, so a cell's budget (cycles per vmadot that 1.5x allow
 kinds could meet it at all, and how much of the budget their fold may take.
 
 A tile of a x b vmadot tiles (TM = 4a rows, TN = 4b columns) over one quantization block of
-s = block / 8 k-steps (docs/ime-isa.md §2, §7; imegen/perf/x60.py):
+s = block / 8 k-steps (docs/ime-isa.md §2, §7; imegen/perf/model/x60.py):
   vmadot        a*b*s: one IME cycle and one vector issue slot each (one vector instruction a cycle)
   operands      a A registers a k-step, and b B registers (int8: staged B or 8-bit codes) or b/2
                 (4-bit codes unpacked in the tile: a 32-byte register holds 4 columns x 16 k)
@@ -30,10 +30,12 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import ir
-from ..errors import SpecError
-from ..plan import plan_kernel
-from . import occupancy, tune, x60
+from ... import ir
+from ...errors import SpecError
+from ...plan import plan_kernel
+from ...targets.ime import rules as ime_rules
+from ..search.settings import validate
+from . import occupancy, x60
 
 REGISTERS = 32
 VLS_PER_REGISTER = 2  # cycles per 32-byte register, both views (LMUL >= 2 loads; LMUL 1 costs 3 under LLVM's)
@@ -185,12 +187,12 @@ def best(block: int, view: str = "model", **kind) -> tuple[float, Tiling]:
 
 def of_spec(s: ir.KernelSpec) -> Tiling:
     """The tiling an IME gemm kernel uses."""
-    return Tiling(s.tile_m // 4, s.tile_n // 4, ir.fp32_acc_in_registers(s), s.bits == 4 and not ir.staged(s))
+    return Tiling(s.tile_m // 4, s.tile_n // 4, ime_rules.fp32_acc_in_registers(s), s.bits == 4 and not ime_rules.staged(s))
 
 
 def spec_of_config(config: str) -> ir.KernelSpec:
     """The spec of a bench.csv config column ("op=gemm bits=4 ..."), through the tuner's validator."""
-    spec = tune.validate(dict(kv.split("=") for kv in config.split()))
+    spec = validate(dict(kv.split("=") for kv in config.split()))
     if isinstance(spec, SpecError):
         raise spec
     return spec
@@ -233,7 +235,7 @@ def cell_budgets(results: Path) -> list[dict]:
 
 def report(results: Path, blocks=(32, 64, 128)) -> str:
     lines = ["imegen floors: what any IME register tiling can reach under the X60 model (MODELED lower bounds, "
-             "imegen/perf/floors.py: operand and fp32 accumulator traffic only; folds, zero points and edges come on top)", ""]
+             "imegen/perf/model/floors.py: operand and fp32 accumulator traffic only; folds, zero points and edges come on top)", ""]
     lines += _kinds_table(blocks)
     lines += ["", f"Prefill cells of {results}/bench.csv not within {GOAL}x of the roofline (either view): the cycles per "
               f"vmadot {GOAL}x allows on 4 cores, against the floor of the tuned kernel's tiling and of the best tiling:",

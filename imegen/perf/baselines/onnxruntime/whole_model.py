@@ -1,7 +1,7 @@
 """Whole-model figures: the Qwen2.5-0.5B-architecture model (imegen/ort/qwen.py) in stock riscv64 ORT and
 in ORT + imegen's custom-op library, per decode token and per 128-token prefill.
 
-Counted per Run like the single-node rows (ort_bench.py, 1 intra-op thread). The prefill at 24 layers
+Counted per Run like the single-node rows (run_counts.py, nodes.py; 1 intra-op thread). The prefill at 24 layers
 would take hours under QEMU with the plugin (every vmadot of the imegen path traps), so it is counted
 at 1 and 2 layers and extrapolated linearly in layers: count(24) = count(1) + 23 x (count(2) -
 count(1)), class by class (the layers are identical in structure; tests/test_ort_bench.py checks the
@@ -35,11 +35,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..ort import qwen
-from . import ort_bench, x60
-from .ort_rows import BLOCK, NodeCount, mean_counts, modeled_time
-from .tune import Case
-from .workload import QWEN25_05B, shapes
+from ....ort import qwen
+from ....ort.customop import build_library
+from ....plan import plan_kernel
+from ...model import x60
+from ...workload import QWEN25_05B, Case, shapes
+from . import run_counts
+from .nodes import BLOCK, NodeCount, count_node, mean_counts
 
 LAYERS = 24
 COUNTED_LAYERS = (1, 2)
@@ -68,8 +70,8 @@ def model_maker(layers: int, vocab: int, mode: str, specs=None, stock_logits: np
     def make(d: Path):
         import onnx
 
-        from ..ort.model_check import compare_outputs
-        from ..ort.rewrite import rewrite
+        from ....ort.model_check import compare_outputs
+        from ....ort.rewrite import rewrite
 
         path = d / "qwen.onnx"
         c = qwen.build_model(path, layers=layers, vocab=vocab, block=BLOCK, accuracy_level=4, seed=SEED,
@@ -106,7 +108,7 @@ def count_model(layers: int, vocab: int, mode: str, specs=None, library: Path | 
              inspect.getsource(model_maker), inspect.getsource(feeds_for))  # what decides the model and feeds
     if specs is not None:
         parts += tuple(s.describe() for s in specs)
-    rc = ort_bench.cached_count_runs(parts, model_maker(layers, vocab, mode, specs, stock_logits, overrides), threads=1, runs=1,
+    rc = run_counts.cached_count_runs(parts, model_maker(layers, vocab, mode, specs, stock_logits, overrides), threads=1, runs=1,
                                      custom_ops=library)
     return NodeCount(mean_counts(rc.runs), [x60.total_instructions(r) for r in rc.runs], rc.check["worst"], rc.version), \
         rc.outputs["logits"]
@@ -116,7 +118,7 @@ def deep_agreement(stock: np.ndarray, mine: np.ndarray) -> tuple[float, float, b
     """(worst |mine - stock| as a fraction of ORT's level-4 tolerance, relative RMS difference, same top
     token); raises if the logits are not close
     as a whole (relative RMS difference above DEEP_RMS)."""
-    from ..ort.model_check import compare_outputs
+    from ....ort.model_check import compare_outputs
 
     worst = compare_outputs({"logits": stock}, {"logits": mine}, 4)[0].worst
     s, m = stock.astype(np.float64).ravel(), mine.astype(np.float64).ravel()
@@ -151,9 +153,9 @@ class WholeModel:
     counted: dict  # (path, mode, layers) -> total instructions of the counted Run
 
 
-def _node_counts(ort_rows_, kind: str) -> dict[tuple[str, int], dict]:
+def _node_counts(node_rows, kind: str) -> dict[tuple[str, int], dict]:
     out = {}
-    for r in ort_rows_:
+    for r in node_rows:
         nc = r.stock[1] if kind == "stock" else r.imegen_lib
         if nc is not None and r.case.block == BLOCK:  # the model's block
             out[(r.case.shape, r.case.M)] = nc.counts
@@ -188,19 +190,14 @@ def dram_bytes(M: int, weight_bytes) -> float:
     return t
 
 
-def run(tuned, ort_rows_, log=None) -> WholeModel:
-    from ..ort.customop import build_library
-    from ..plan import plan_kernel
-
+def run(tuned, node_rows, log=None) -> WholeModel:
     dec_spec = tuned.best[next(c for c in tuned.best if c.shape == "q/o" and c.M == 1 and c.block == BLOCK)].spec
     pre_spec = tuned.best[next(c for c in tuned.best if c.shape == "q/o" and c.M == PREFILL and c.block == BLOCK)].spec
     specs = [dec_spec, pre_spec]
     lib = build_library(specs, "tuned.imegen", flavour="qemu")
     counted, results = {}, {"decode": {}, "prefill": {}}
     version = ""
-    stock_nodes, lib_nodes = _node_counts(ort_rows_, "stock"), _node_counts(ort_rows_, "imegen")
-    from .ort_rows import count_node
-
+    stock_nodes, lib_nodes = _node_counts(node_rows, "stock"), _node_counts(node_rows, "imegen")
     small_head = Case("lm_head (prefill vocab)", PREFILL, PREFILL_VOCAB, QWEN25_05B.hidden, BLOCK)
     for mode, vocab in (("decode", QWEN25_05B.vocab), ("prefill", PREFILL_VOCAB)):
         per = {}
@@ -257,69 +254,3 @@ def run(tuned, ort_rows_, log=None) -> WholeModel:
             results[mode] = per
         results[mode] = per
     return WholeModel(results["decode"], results["prefill"], version, counted)
-
-
-# ---------------------------------------------------------------------------------------------
-# Report
-
-PUBLISHED_ORT_MS = 80.0  # cited in issue 10 for ORT on K1 (Qwen2.5-0.5B int4); imegen found no public source
-
-
-def table(w: WholeModel, calibration: str = "") -> str:
-    from .bench import format_table
-    from .llama_real import PUBLISHED_TG128_TPS
-    from .workload import LLAMA_CPP_SOURCE, PUBLISHED_PP512_TPS
-
-    head = ["", "path", "instructions G", "MatMulNBits share", "1 core ms", "bound", "4 cores ms (ideal split)",
-            "bound", "per token", "logits check"]
-    body = []
-    for mode, figs in (("decode (1 token)", w.decode), (f"prefill ({PREFILL} tokens)", w.prefill)):
-        for path, f in figs.items():
-            t1, b1 = modeled_time(f.counts, f.dram_bytes, 1)
-            t4, b4 = modeled_time(f.counts, f.dram_bytes, 4)
-            n = 1 if mode.startswith("decode") else PREFILL
-            rate = f"{t4 * 1e3:.1f} ms/token (4c)" if n == 1 else f"{n / t4:.1f} tok/s (4c)"
-            body.append([mode, path, f"{x60.total_instructions(f.counts) / 1e9:.3f}", f"{f.matmul / x60.total_instructions(f.counts):.0%}",
-                         f"{t1 * 1e3:.1f}", b1, f"{t4 * 1e3:.1f}", b4, rate,
-                         "-" if path == "stock ORT" else f"{f.check:.2f} tol" if np.isfinite(f.check) else "composed"])
-    text = format_table(head, body, right={2, 3, 4, 6})
-    ratio_d = x60.total_instructions(w.decode["stock ORT"].counts) / x60.total_instructions(w.decode["ORT+imegen"].counts)
-    ratio_p = x60.total_instructions(w.prefill["stock ORT"].counts) / x60.total_instructions(w.prefill["ORT+imegen"].counts)
-    deep = [(k, v) for k, v in w.counted.items() if len(k) == 4 and k[3] == "logits"]
-    agreement = "".join(f" At {k[2]} layers ({k[1]}) ORT+imegen's logits differ from stock's by {v[0]:.2f} x the level-4 "
-                        f"tolerance at worst, {v[1]:.2%} relative RMS, top token {'the same' if v[2] else 'DIFFERENT'} "
-                        f"(int8 vs stock's fp32 compute, compounded over the layers; at 1-{STRICT_LAYERS} layers the "
-                        "check is the tolerance itself)." for k, v in deep)
-    lines = [text, f"stock ORT / ORT+imegen instructions: decode {ratio_d:.1f}x, prefill {ratio_p:.1f}x." + agreement,
-             f"Published on K1, 4 threads, whole model (measured by others): llama.cpp Q4_0 tg128 {PUBLISHED_TG128_TPS} "
-             f"tok/s = {1000 / PUBLISHED_TG128_TPS:.1f} ms/token, pp512 {PUBLISHED_PP512_TPS} tok/s "
-             f"({LLAMA_CPP_SOURCE}); ONNX Runtime ~{PUBLISHED_ORT_MS:.0f} ms/token "
-             "(the figure issue 10 cites; imegen found no public source for it)."]
-    if calibration:
-        lines.append(f"The X60 model's optimism on llama.cpp's real kernels (the calibration above; divide a modeled rate by it): {calibration}")
-    return "\n".join(lines)
-
-
-def method_text(w: WholeModel) -> str:
-    c = w.counted
-    return (f"METHOD (whole model, imegen/perf/ort_model.py): {QWEN25_05B.name} architecture (imegen/ort/qwen.py, random "
-            f"weights, int4 block {BLOCK} asymmetric, accuracy_level 4) in onnxruntime {w.version} (riscv64, QEMU), "
-            f"1 intra-op thread, instructions MEASURED per Run (prefill: at 1 and 2 layers, extrapolated linearly to {LAYERS}: "
-            f"count(1) + 23 x (count(2) - count(1))). Decode: M = 1 after a KV cache of {DECODE_PAST} positions, full "
-            f"vocabulary {QWEN25_05B.vocab} (counted: stock {c[('stock ORT', 'decode', 1)] / 1e9:.2f} / "
-            f"{c[('stock ORT', 'decode', 2)] / 1e9:.2f} G at 1 / 2 layers; counted directly at {LAYERS} layers: "
-            f"stock {c[('stock ORT', 'decode', LAYERS)] / 1e9:.2f} G, extrapolated "
-            f"{c[('stock ORT', 'decode', 'extrapolated')] / 1e9:.2f} G; ORT+imegen "
-            f"{c[('ORT+imegen', 'decode', LAYERS)] / 1e9:.4f} G, extrapolated "
-            f"{c[('ORT+imegen', 'decode', 'extrapolated')] / 1e9:.4f} G: the direct counts are reported). Prefill: {PREFILL} tokens, empty cache, counted "
-            f"at vocabulary {PREFILL_VOCAB}, its LM head (single-node count at M = {PREFILL}) replaced by the full one "
-            "at M = 1 (last-position logits only, as llama.cpp's pp), the same for ORT+imegen (its 2-layer Run traps "
-            f"~60 M emulated vmadots, ~25 min under QEMU; counted {c[('ORT+imegen', 'prefill', 1)] / 1e9:.3f} / "
-            f"{c[('ORT+imegen', 'prefill', 2)] / 1e9:.3f} G at 1 / 2 layers), checked against the composed estimate "
-            "(stock's prefill with the model's MatMulNBits single-node counts replaced by ORT+imegen's): "
-            f"{c[('ORT+imegen', 'prefill', 'composed')] / 1e9:.3f} G. MatMulNBits share = Σ single-node per-Run "
-            "counts of the model's 169 MatMulNBits over the total. ORT+imegen = the rewritten model with imegen's "
-            "library (tuned q/o decode and prefill kernels, IME emulator excluded), logits within ORT's level-4 "
-            f"tolerance of stock's up to {STRICT_LAYERS} layers, deeper within {DEEP_RMS:.0%} relative RMS. "
-            "Times MODELED: max(core, DRAM); '4 cores (ideal split)' divides every instruction by 4 (an upper bound "
-            "on speed: ORT runs the non-MatMulNBits ops on fewer threads); DRAM = MatMulNBits weights + A + C + KV cache.")

@@ -1,7 +1,7 @@
 """An analytic cost model of the SpacemiT K1 / X60 (the A60 cores, with IME) for imegen kernels.
 
 Everything here is MODELED, not measured on hardware. Inputs are exact instruction counts by
-class and the bytes vector loads/stores really accessed (QEMU plugin, measure.py), and the bytes
+class and the bytes vector loads/stores really accessed (QEMU plugin, count/measure.py), and the bytes
 a kernel moves to and from DRAM (from its plan's layouts). Outputs: cycles, seconds and a
 roofline bound. Sources: docs/ime-isa.md §7 (each figure with its public source), in particular LLVM's
 RISCVSchedSpacemitX60.td.
@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from ..plan import KernelPlan
+from ...plan import KernelPlan
 from . import occupancy
 
 GB = 1e9

@@ -40,7 +40,7 @@
  * docs/ime-isa.md §7) and histogrammed by what that occupancy depends on: the vtype's LMUL for
  * arithmetic, the data's EMUL for unit-stride accesses, the register count for whole-register
  * ones, log2(VLMAX / VLEN) of the vtype for strided and indexed ones. The cycles themselves are
- * applied in Python (imegen/perf/occupancy.py), from one table.
+ * applied in Python (imegen/perf/model/occupancy.py), from one table.
  *
  * Scalar instructions and vmadot use inline counters (qemu_plugin_register_vcpu_insn_exec_inline);
  * vector instructions need the dynamic vtype (and memory callbacks), so they use an execution

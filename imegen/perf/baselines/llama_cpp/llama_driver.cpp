@@ -1,4 +1,4 @@
-// imegen bench driver for llama.cpp's real SpacemiT IME1 Q4_0 kernels (imegen/perf/llama_real.py).
+// imegen bench driver for llama.cpp's real SpacemiT IME1 Q4_0 kernels (imegen/perf/baselines/llama_cpp/).
 //
 // Builds Q4_0 weights (N rows of K/32 blocks: fp16 scale, 16 bytes of nibbles) and fp32 A from a fixed
 // generator, repacks B with llama.cpp's own repack<block_q4_0, 32, 16> (repack.cpp, not counted), then runs

@@ -1,0 +1,97 @@
+"""Per-thread counts of llama.cpp's loop at full shapes. Threads run one after another in one process
+(phase 1 for every thread, then phase 2); a thread count's per-core figure is max over threads of
+phase 1 plus max of phase 2 (ggml_barrier sits between them). Full shapes are not run (every vmadot
+traps): phase 1 is run at the full shape, and phase 2 is the sum over the thread's tasks of the task
+cost, which is bilinear in 4-row groups and 16-column blocks (M4 path) or linear in 16-column blocks
+(M = 1), measured at 2 x 2 (2) small tasks with the full K. tests/test_llama_real.py checks this
+against direct runs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ...model import x60
+from .build import build, run_driver
+
+
+def split(nth: int, M: int, N: int) -> tuple[int, int, int, int]:
+    """ime.cpp's task split (llama_loop.cpp llama_split): (m_stride, n_stride, tasks_m, tasks)."""
+    m_stride = M if N // M > 64 else 16
+    m_blocked = -(-M // m_stride)
+    max_n = -(-(N * m_blocked) // nth)
+    n_stride = min(N, -(-max_n // 16) * 16) if max_n < N else N
+    tasks_m = -(-M // m_stride)
+    return m_stride, n_stride, tasks_m, tasks_m * -(-N // n_stride)
+
+
+def thread_tasks(nth: int, ith: int, M: int, N: int) -> list[tuple[int, int]]:
+    """(m_count, n_count) of each task thread `ith` runs in phase 2."""
+    ms, ns, tm, tasks = split(nth, M, N)
+    per = -(-tasks // nth)
+    out = []
+    for t in range(ith * per, min((ith + 1) * per, tasks)):
+        m0, n0 = (t % tm) * ms, (t // tm) * ns
+        out.append((min(M - m0, ms), min(N - n0, ns)))
+    return out
+
+
+def _add(a: dict, b: dict, s: float = 1.0) -> dict:
+    return {k: a.get(k, 0) + s * b.get(k, 0) for k in set(a) | set(b)}
+
+
+class Counter:
+    """Per-thread counts of llama.cpp's loop at full shapes (see the module docstring); cached on disk."""
+
+    def __init__(self, log=None):
+        self.b = build(log)
+        self.cache_file = self.b.exe.parent / "counts.json"
+        try:
+            self.cache = json.loads(self.cache_file.read_text())
+        except (OSError, ValueError):
+            self.cache = {}
+        self.log = log
+
+    def _regions(self, args: list[str]) -> list[dict]:
+        key = " ".join(args)
+        if key not in self.cache:
+            self.cache[key] = run_driver(self.b, args)[0]
+            tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.cache, sort_keys=True))
+            tmp.replace(self.cache_file)
+        return self.cache[key]
+
+    def task(self, K: int, mc: int, nc: int) -> dict:
+        """Cost of one task of mc rows x nc columns: measured at 1-2 row groups x 1-2 column blocks."""
+        def at(m: int, n: int) -> dict:
+            return self._regions(["task", str(m), str(n), str(K), str(m), str(n)])[0]
+
+        if mc == 1:
+            c1, c2 = at(1, 16), at(1, 32)
+            return _add(c1, _add(c2, c1, -1), nc // 16 - 1)
+        g, nb = mc // 4, nc // 16
+        if mc % 4:
+            raise ValueError("llama.cpp counts: M > 1 must be a multiple of 4 here")
+        f00, f10, f01, f11 = at(4, 16), at(8, 16), at(4, 32), at(8, 32)
+        dm, dn = _add(f10, f00, -1), _add(f01, f00, -1)
+        dmn = _add(_add(f11, f10, -1), dn, -1)
+        return _add(_add(_add(f00, dm, g - 1), dn, nb - 1), dmn, (g - 1) * (nb - 1))
+
+    def per_thread(self, M: int, N: int, K: int, nth: int) -> tuple[list[dict], list[dict]]:
+        quant = self._regions(["quant", str(M), str(N), str(K), str(nth)])
+        gemm = []
+        for ith in range(nth):
+            c: dict = {}
+            for mc, nc in thread_tasks(nth, ith, M, N):
+                c = _add(c, self.task(K, mc, nc))
+            gemm.append(c)
+        return quant, gemm
+
+    def direct(self, M: int, N: int, K: int, nth: int) -> tuple[list[dict], list[dict]]:
+        regions = self._regions(["full", str(M), str(N), str(K), str(nth)])
+        return regions[:nth], regions[nth:]
+
+    def per_core(self, M: int, N: int, K: int, nth: int) -> dict:
+        """The busiest thread's counts: max over threads of phase 1 + max of phase 2 (by total instructions)."""
+        quant, gemm = self.per_thread(M, N, K, nth)
+        return _add(max(quant, key=x60.total_instructions), max(gemm, key=x60.total_instructions))
