@@ -331,7 +331,7 @@ def test_staged_b_over_several_m_blocks(settings):
     """stage_b = m_block unpacks an N tile's B once per M block into the workspace: with the A budget
     cut to two tiles of rows (plus the staged B), M = 57 runs several M blocks, each re-staging every N
     tile, with a partial last block, M tile, N tile and K block; both compilers, exact reference."""
-    from imegen.perf import x60
+    from imegen.perf.model import x60
 
     spec = specs_from_text(f"kernel staged {{ target = ime  compute = int8  bits = 4  k_unroll = 2  stage_b = m_block  {settings} }}")[0]
     plan = plan_kernel(spec)
@@ -379,7 +379,7 @@ def assert_writes_the_modeled_workspace(plan, case, result) -> None:
     """matmul writes no more of its workspace than the X60 model charges to DRAM for it (one reused M block
     buffer of quantized A: x60.a_workspace_dram) plus a staged B's scratch: the driver poisons the
     workspace and counts the bytes that changed."""
-    from imegen.perf import x60
+    from imegen.perf.model import x60
 
     M, N, K = case.shape
     allowed = x60.a_workspace_dram(plan, M, K, x60.k_chunks(plan, M, N, K)) + x60.staged_bytes(plan, K)
@@ -455,7 +455,7 @@ def test_fp16_a_scales(settings):
     data within the bound of the fp16-A reference and outside that of MLAS's fp32-A one (the test
     tells the two apart); an A block above 127 x 65504 returns IMEGEN_ERR_RANGE, not a result."""
     from imegen import reference as ref
-    from imegen.perf import x60
+    from imegen.perf.model import x60
     from imegen.verify import Case
 
     spec = specs_from_text(f"kernel a16 {{ target = ime  compute = int8  bits = 4  k_unroll = 2  stage_b = m_block  "
@@ -564,7 +564,7 @@ def test_fp16_ceil_is_the_least_fp16_at_or_above():
 def test_staged_8x12_over_forced_k_chunks():
     """The 8x12 staged kernel stages each K chunk's blocks (blk0..blk1) and adds the later chunks into C:
     forced to 3 chunks over several M blocks, with partial tiles and K block; exact reference, both compilers."""
-    from imegen.perf import x60
+    from imegen.perf.model import x60
 
     spec = specs_from_text("kernel w { target = ime  compute = int8  bits = 4  tile = 8x12  k_unroll = 2  panel = 24  "
                            "stage_b = m_block  scale_type = fp16  a_scale_type = fp16  block = 32 }")[0]
@@ -626,7 +626,7 @@ def test_k_chunks(settings):
     block holds more rows and B streams fewer times. With the A budget cut to one tile of rows over
     the whole K, M = 40 splits K in the call's own choice (x60.k_chunks mirrors it) over several M
     blocks; forced to 3 chunks, small M split too; partial tiles and K block; exact reference."""
-    from imegen.perf import x60
+    from imegen.perf.model import x60
 
     text = settings if "compute" in settings else f"compute = int8  {settings}"
     spec = specs_from_text(f"kernel kc {{ bits = 4  {text} }}")[0]
