@@ -7,10 +7,12 @@ The VLEN probe program itself runs for real under QEMU.
 """
 
 import re
+from dataclasses import replace
 import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from imegen import check, toolchain, verify
@@ -230,3 +232,28 @@ def test_vlen_probe_reads_the_harts_vlen(tmp_path):
     proc = subprocess.run(["qemu-riscv64", "-L", str(toolchain.SYSROOT), "-cpu", "rv64,v=false", str(exe)],
                           capture_output=True)
     assert proc.returncode == -4 and proc.stdout == b""
+
+
+def test_native_ime_runs_are_checked_without_the_emulators_vmadot_count(monkeypatch):
+    """On a K1 a kernel's vmadots execute in hardware and never trap, so the driver's emulator counts none:
+    check must not fail such a run for "executed 0 vmadot" (it still compares C with NumPy), while a run
+    under QEMU keeps the count check. Simulated: the run goes through QEMU as here, but launch() says the
+    program would run natively on an IME hart."""
+    from imegen import verify
+    from imegen.ir import specs_from_text
+    from imegen.plan import plan_kernel
+
+    plan = plan_kernel(specs_from_text("kernel k { op = gemv target = ime compute = int8 tile = 1x16 }")[0])
+    build = verify.build(plan, "k.imegen")
+    (case,) = check.make_cases(plan, np.random.default_rng(0), [(1, 40, 96)], exact=False)
+    (emulated,) = verify.run_cases(build, [case])
+    assert emulated.vmadots_counted and emulated.vmadots > 0 and verify.compare(plan, case, emulated).ok
+    undercounted = verify.Result(emulated.status, 0, emulated.C, emulated.workspace_touched, True)
+    assert "executed 0 vmadot" in verify.compare(plan, case, undercounted).message
+    real_launch = toolchain.launch
+    monkeypatch.setattr(toolchain, "launch", lambda exe, **kw: ["taskset", "-c", "0-3", exe] if kw.get("ime") else
+                        real_launch(exe, **kw))
+    monkeypatch.setattr(toolchain, "run", lambda exe, args, **kw: subprocess.run(
+        real_launch(str(exe), vlen=kw.get("vlen", 256)) + list(args), check=True, capture_output=True))
+    (native,) = verify.run_cases(build, [case])
+    assert not native.vmadots_counted and verify.compare(plan, case, replace(native, vmadots=0)).ok
