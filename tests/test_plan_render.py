@@ -21,7 +21,7 @@ from imegen.errors import SpecError
 from imegen.ir import VECTOR_REGISTERS, KernelSpec, load_specs, register_budget, specs_from_text
 from imegen.plan import KernelPlan, plan_kernel
 from imegen.targets.ime.encoding import decode_vmadot
-from imegen.targets.ime.plan import IME_SIGNEDNESS
+from imegen.targets.ime.loop import IME_SIGNEDNESS
 from imegen.targets.ime.rules import zero_points_in_b
 from imegen.render import render_driver, render_kernel, templates_hash
 
