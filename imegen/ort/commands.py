@@ -1,11 +1,11 @@
-"""The stock-ORT commands: `imegen ort-library`, `imegen ort-rewrite`, `imegen ort-model-check`."""
+"""The stock-ORT commands: `imegen ort-library`, `imegen ort-rewrite`, `imegen ort-model-check`, `imegen ort-accelerate`."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-COMMANDS = ("ort-library", "ort-rewrite", "ort-model-check")
+COMMANDS = ("ort-library", "ort-rewrite", "ort-model-check", "ort-accelerate")
 
 
 class UsageError(Exception):
@@ -13,6 +13,8 @@ class UsageError(Exception):
 
 
 def add_commands(sub) -> None:
+    from .accelerate import add_parser as add_accelerate
+
     lib = sub.add_parser("ort-library", help="build the ORT custom-op library for SPEC's imegen-ABI kernels")
     lib.add_argument("spec")
     lib.add_argument("--flavour", choices=("hardware", "qemu"), default="hardware",
@@ -40,6 +42,7 @@ def add_commands(sub) -> None:
                     help="decoders: KV-cache positions before the prefill (default 7); decode steps follow (M = 1)")
     mc.add_argument("--generate", type=int, default=0, metavar="N",
                     help="decoders: greedy-decode N tokens on both sides; the tokens must be identical")
+    add_accelerate(sub)  # ort-accelerate
 
 
 def _load_model(path: str):
@@ -54,6 +57,10 @@ def _load_model(path: str):
 
 
 def run_command(args) -> int:
+    if args.command == "ort-accelerate":
+        from .accelerate import run_command as run_accelerate
+
+        return run_accelerate(args)
     from ..ir import load_specs
     from .customop import CustomOpError, build_library
     from .riscv import OrtError

@@ -1,0 +1,709 @@
+"""`imegen ort-accelerate MODEL -o OUT_DIR`: an int4/int8 ONNX model and no spec in; a rewritten model and
+a custom-op library whose kernels are chosen for each MatMulNBits node's shape out.
+
+1. Inspect every com.microsoft MatMulNBits node from the model's protobuf alone (external data stays on disk):
+   rewrite.node_needs reads bits, block, accuracy level, zero points, bias, g_idx, T and (N, K).
+2. Derive a spec (derive()): per quantization group (bits, block, zero points, bias, compute) and weight shape,
+   - int8 compute (accuracy_level 4, or any level with --compute int8): IME kernels from the committed tuning
+     table (tuning.json, a copy of bench/results/tune.json's winners): the M = 1 winner as gemv, the M = 128
+     winner as gemm and, where the M = 512 winner differs, a second gemm kernel from LONG_PROMPT_ROWS rows;
+     plus one `fallback = yes` rvv int8 kernel per group for threads that cannot reach an IME hart;
+   - fp32 compute (levels 0-3, or --compute fp32): bench's rvv-fp32 baseline, gemv 1x16 and gemm 4x16.
+   The table holds 4-bit asymmetric configs at blocks 32/64/128 for Qwen2.5-0.5B's shapes: a node takes the
+   exact (N, K, block, M) entry, else the nearest tuned shape at the nearest tuned block, adapted (bits, zero
+   points, bias, block); a config the validator refuses falls back to ort-check's built-in kernel settings,
+   which are validated at every block. Identical configs serving several shapes are one kernel listing its
+   `shapes`; serve() must then give every node exactly the kernels derived for it (else a bug: AssertionError).
+3. Build the library (customop.build_library, cached), rewrite the model (rewrite.rewrite), copy the model's
+   external data files next to the new model (copy-on-write clones where the file system can; never again
+   when unchanged), and report one line per node.
+
+Exit status: 0 when every MatMulNBits node is served, 3 when some or all are not (or the model has none),
+2 for a user error (unreadable model, bad spec, unknown target).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import textwrap
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..errors import SpecError
+from ..ir import _CHOICES, DIM_RANGE, KernelSpec, load_specs, specs_from_text
+from .serving import COMPUTE_FOR_LEVEL, NodeNeeds, Serving, refusal, serve
+
+TUNING_TABLE = Path(__file__).with_name("tuning.json")
+TUNE_JSON = "bench/results/tune.json"  # the tuner's committed output that TUNING_TABLE condenses
+TUNED_M = {"m1": 1, "m2": 128, "m256": 512}  # kernel role -> the M its table entry was tuned at
+LONG_PROMPT_ROWS = 256  # min_rows of the M = 512 winner: between the tuned 128 and 512, nearer neither
+# The fallback's VLEN: a K1's harts all have VLEN 256 (X60), and the fallback runs only on its non-IME ones
+# (cores 4-7). A kernel built for 256 refuses narrower harts at session creation instead of running slowly.
+FALLBACK_VLEN = 256
+INT8_LEVEL = 4
+FP32_LEVEL = 0
+TARGETS = ("k1", "k3")
+OUTPUTS = ("model.onnx", "libimegen_ort.so", "model.imegen", "report.txt")
+ROLE_WORDS = {"m1": "M = 1 (decode)", "m2": "M > 1 (prefill)", "m256": f"M >= {LONG_PROMPT_ROWS} (long prompts)",
+              "fallback": "slices whose thread cannot reach an IME hart"}
+
+
+class AccelerateError(ValueError):
+    """A user error (exit status 2)."""
+
+
+# ----------------------------------------------------------------------------- the tuning table
+@dataclass(frozen=True)
+class TunedCase:
+    shape: str  # the Qwen2.5-0.5B weight it was tuned for, e.g. "q/o"
+    N: int
+    K: int
+    M: int
+    block: int
+    settings: tuple[tuple[str, object], ...]  # the winner, as tune.settings_of writes it
+
+
+def compact_tuning_table(tune_json: dict) -> dict:
+    """bench/results/tune.json -> what ort-accelerate needs of it: each case's winner (no rankings)."""
+    cases = [{"shape": c["case"].split(" ")[0], "N": c["N"], "K": c["K"], "M": c["M"], "block": c["block"],
+              "best": c["best"]} for c in tune_json["cases"]]
+    return {"from": TUNE_JSON, "ranked_by": tune_json["ranked_by"], "cases": cases}
+
+
+def write_tuning_table(tune_json_path: Path | str = TUNE_JSON) -> Path:
+    """Refresh TUNING_TABLE from the tuner's output (after `imegen tune` rewrote it)."""
+    table = compact_tuning_table(json.loads(Path(tune_json_path).read_text()))
+    cases = ",\n".join(f"  {json.dumps(c, sort_keys=True)}" for c in table["cases"])  # a case per line: plain diffs
+    TUNING_TABLE.write_text(f'{{"from": {json.dumps(table["from"])}, "ranked_by": {json.dumps(table["ranked_by"])},\n'
+                            f' "cases": [\n{cases}\n]}}\n')
+    return TUNING_TABLE
+
+
+def tuning_table(path: Path = TUNING_TABLE) -> list[TunedCase]:
+    data = json.loads(path.read_text())
+    return [TunedCase(c["shape"], c["N"], c["K"], c["M"], c["block"], tuple(sorted(c["best"].items())))
+            for c in data["cases"]]
+
+
+# ----------------------------------------------------------------------------- inspection
+@dataclass(frozen=True)
+class InspectedNode:
+    name: str
+    need: NodeNeeds | None  # None: its inputs rule it out before any kernel is asked
+    why_not: str = ""  # why no imegen kernel can serve it whatever the spec ("" when one can)
+
+
+BLOCKS = _CHOICES["block"][1]
+
+
+def why_unservable(need: NodeNeeds) -> str:
+    """serving.refusal, plus what the DSL cannot express for this node (block size, weight shape)."""
+    why = refusal(need)
+    if why:
+        return why
+    if need.block not in BLOCKS:
+        return f"block_size {need.block} (imegen's kernels take {', '.join(map(str, BLOCKS))})"
+    if not (DIM_RANGE[0] <= need.N <= DIM_RANGE[1] and DIM_RANGE[0] <= need.K <= DIM_RANGE[1]):
+        return f"N={need.N}, K={need.K}: {DIM_RANGE[2]} (and the node must state both)"
+    return ""
+
+
+def matmul_nbits_nodes(model) -> list:
+    from .rewrite import MS_DOMAIN
+
+    return [n for n in model.graph.node if n.op_type == "MatMulNBits" and n.domain == MS_DOMAIN]
+
+
+def inspect_model(model) -> list[InspectedNode]:
+    """Every com.microsoft MatMulNBits node of the main graph, in graph order (as rewrite() visits them).
+    Reads only the protobuf: initializers' data types and dims, never their (external) data."""
+    from .rewrite import node_name, node_needs
+
+    initializers = {t.name: t for t in model.graph.initializer}
+    out = []
+    for node in matmul_nbits_nodes(model):
+        name = node_name(node)
+        if len(node.input) < 3 or not node.input[1] or not node.input[2]:
+            out.append(InspectedNode(name, None, "B and scales inputs missing (not a valid MatMulNBits)"))
+            continue
+        need, why = node_needs(node, initializers)
+        out.append(InspectedNode(name, need, why or (why_unservable(need) if need else "")))
+    return out
+
+
+def with_compute(need: NodeNeeds, compute: str | None) -> NodeNeeds:
+    """The node as it runs after --compute: int8 raises levels 0-3 to 4, fp32 lowers 4 to 0."""
+    if compute == "int8" and need.accuracy_level != INT8_LEVEL:
+        return replace(need, accuracy_level=INT8_LEVEL)
+    if compute == "fp32" and need.accuracy_level == INT8_LEVEL:
+        return replace(need, accuracy_level=FP32_LEVEL)
+    return need
+
+
+# ----------------------------------------------------------------------------- configs
+@dataclass(frozen=True)
+class Group:
+    """What a kernel's quantization settings must match for a node (serving._matches)."""
+
+    bits: int
+    block: int
+    asymmetric: bool
+    bias: bool
+    compute: str
+
+    @classmethod
+    def of(cls, need: NodeNeeds) -> "Group":
+        return cls(need.bits, need.block, need.asymmetric, need.bias, COMPUTE_FOR_LEVEL[need.accuracy_level])
+
+    @property
+    def prefix(self) -> str:
+        """The start of its kernels' names: q4a_b32, q8s_bias_b64_f32, ..."""
+        return (f"q{self.bits}{'a' if self.asymmetric else 's'}{'_bias' if self.bias else ''}_b{self.block}"
+                + ("_f32" if self.compute == "fp32" else ""))
+
+    def quantization(self) -> dict[str, object]:
+        return {"bits": self.bits, "block": self.block, "zero_point": "asymmetric" if self.asymmetric else "symmetric",
+                "bias": "yes" if self.bias else "no"}
+
+
+@dataclass(frozen=True)
+class Config:
+    settings: tuple[tuple[str, object], ...]
+    origin: str  # where the settings came from, for the spec's comments
+
+
+def _settings_lines(settings: dict) -> list[str]:
+    """Settings as DSL lines, in the DSL's own order of keys."""
+    return [f"  {key:<12} = {settings[key]}" for key in _CHOICES if key in settings]
+
+
+def _validate(settings: dict) -> KernelSpec | SpecError:
+    """Through the DSL's parser and validator, as every kernel of the spec will be; the spec or the refusal."""
+    try:
+        (spec,) = specs_from_text("kernel candidate {\n" + "\n".join(_settings_lines(settings)) + "\n}\n", "<candidate>")
+        return spec
+    except SpecError as e:
+        return e
+
+
+def builtin_settings(target: str, compute: str, group: Group, op: str) -> dict[str, object]:
+    """ort-check's built-in kernel for (target, compute, bits, zero points, bias), as op: the set
+    ort-check validates at every block 16..256. Its tile for op is the built-in set's tile for that op."""
+    from .ort_check import builtin_configs
+
+    mine = [s for _, s in builtin_configs() if s["target"] == target and s["compute"] == compute]
+    own = next(s for s in mine if s["bits"] == group.bits and s["bias"] == ("yes" if group.bias else "no")
+               and s["zero_point"] == ("asymmetric" if group.asymmetric else "symmetric"))
+    tile = next(s["tile"] for s in mine if s["op"] == op)
+    return {**own, "op": op, "tile": tile, "block": group.block}
+
+
+def _builtin_config(group: Group, op: str, why: str) -> Config:
+    settings = builtin_settings("ime", "int8", group, op)
+    return Config(tuple(sorted(settings.items())), f"ort-check's built-in ime int8 {op} ({why})")
+
+
+def _shape_distance(case: TunedCase, N: int, K: int) -> float:
+    return abs(math.log(case.N / N)) + abs(math.log(case.K / K))
+
+
+def _nearest_block(blocks: set[int], block: int) -> int:
+    return min(sorted(blocks), key=lambda b: abs(math.log2(b / block)))
+
+
+def tuned_config(table: list[TunedCase], group: Group, N: int, K: int, role: str) -> Config:
+    """The tuning table's winner for (N, K, block, M of role), else the nearest tuned shape at the nearest
+    tuned block, with the node's bits, zero points, bias and block; ort-check's built-in IME settings when
+    the validator refuses that (or the table has nothing for the role)."""
+    op = "gemv" if role == "m1" else "gemm"
+    rows = [c for c in table if c.M == TUNED_M[role]]
+    if not rows:
+        return _builtin_config(group, op, f"the tuning table has no M = {TUNED_M[role]} entry")
+    block = _nearest_block({c.block for c in rows}, group.block)
+    at_block = [c for c in rows if c.block == block]
+    best = min(at_block, key=lambda c: _shape_distance(c, N, K))  # min keeps the first of equals: table order
+    tuned = dict(best.settings)
+    settings = {**tuned, **group.quantization()}
+    changed = [f"{k} = {v}" for k, v in group.quantization().items() if tuned.get(k) != v]
+    where = f"tuned {best.shape} {best.N}x{best.K} M={best.M} block={best.block}"
+    where += ", exact" if (best.N, best.K) == (N, K) and block == group.block else ", the nearest tuned shape"
+    where += f"; with {', '.join(changed)}" if changed else ""
+    got = _validate(settings)
+    if isinstance(got, SpecError):
+        return _builtin_config(group, op, f"{where}: refused: {got.message}")
+    if got.op != op:
+        return _builtin_config(group, op, f"{where} is op {got.op}, not {op}")
+    return Config(tuple(sorted(settings.items())), where)
+
+
+def fallback_config(group: Group) -> Config:
+    settings = {**builtin_settings("rvv", "int8", group, "gemm"), "vlen": FALLBACK_VLEN}
+    return Config(tuple(sorted(settings.items())), f"ort-check's built-in rvv int8 gemm at vlen {FALLBACK_VLEN} (the K1's)")
+
+
+def fp32_config(group: Group, role: str) -> Config:
+    """bench's rvv-fp32 baseline (VLEN 256) with the node's quantization."""
+    from ..perf.bench import baseline_settings
+
+    settings = {**baseline_settings("rvv-fp32", group.block, TUNED_M[role]), **group.quantization()}
+    return Config(tuple(sorted(settings.items())), "bench's rvv-fp32 baseline")
+
+
+def roles_for(group: Group, table: list[TunedCase], N: int, K: int) -> dict[str, Config]:
+    """The configs serving one shape of a group: role (m1, m2, m256, fallback) -> config."""
+    if group.compute == "fp32":
+        return {"m1": fp32_config(group, "m1"), "m2": fp32_config(group, "m2")}
+    roles = {r: tuned_config(table, group, N, K, r) for r in ("m1", "m2", "m256")}
+    if roles["m256"].settings == roles["m2"].settings:
+        del roles["m256"]
+    roles["fallback"] = fallback_config(group)
+    return roles
+
+
+# ----------------------------------------------------------------------------- the derived spec
+@dataclass
+class _Kernel:
+    group: Group
+    role: str
+    settings: tuple[tuple[str, object], ...]
+    shapes: dict[tuple[int, int], tuple[str, list[str]]] = field(default_factory=dict)  # shape -> (origin, nodes)
+    name: str = ""
+
+    @property
+    def min_rows(self) -> int:
+        return LONG_PROMPT_ROWS if self.role == "m256" else 2
+
+
+@dataclass(frozen=True)
+class Derivation:
+    text: str  # the spec file
+    specs: list[KernelSpec]
+    intended: dict[int, Serving]  # index in inspect_model()'s list -> the kernels derived for the node
+    kept: dict[int, str]  # index -> why the node stays in ORT
+
+
+def _kernel_text(k: _Kernel) -> str:
+    lines = _settings_lines(dict(k.settings))
+    if k.role != "fallback":
+        lines.append(f"  {'shapes':<12} = {', '.join(f'{n}x{kk}' for n, kk in k.shapes)}")
+    if k.role == "m256":
+        lines.append(f"  {'min_rows':<12} = {LONG_PROMPT_ROWS}")
+    if k.role == "fallback":
+        lines.append(f"  {'fallback':<12} = yes")
+    return f"kernel {k.name} {{\n" + "\n".join(lines) + "\n}\n"
+
+
+def _wrapped(text: str) -> list[str]:
+    return textwrap.wrap(text, 116, initial_indent="#   ", subsequent_indent="#       ", break_on_hyphens=False,
+                         break_long_words=False)
+
+
+def _kernel_comment(k: _Kernel, group_nodes: list[str]) -> list[str]:
+    lines = [f"# {k.name}: {ROLE_WORDS[k.role]}"]
+    if k.role == "fallback":
+        origin = next(iter(k.shapes.values()))[0]
+        return lines + _wrapped(f"{origin}; for every node of {k.group.prefix}: {', '.join(group_nodes)}")
+    for (n, kk), (origin, nodes) in k.shapes.items():
+        lines += _wrapped(f"{n}x{kk}: {origin}; serves {', '.join(nodes)}")
+    return lines
+
+
+def _name(k: _Kernel, group_shapes: list[tuple[int, int]]) -> str:
+    """prefix_fallback; prefix_ROLE when it serves all its group's shapes; else after its first shape."""
+    if k.role == "fallback":
+        return f"{k.group.prefix}_fallback"
+    shapes = list(k.shapes)
+    if len(shapes) == len(group_shapes) and len(shapes) > 1:
+        return f"{k.group.prefix}_{k.role}"
+    n, kk = shapes[0]
+    more = f"_and_{len(shapes) - 1}_more" if len(shapes) > 1 else ""
+    return f"{k.group.prefix}_{n}x{kk}{more}_{k.role}"
+
+
+@dataclass
+class _Assignment:
+    """Kernels being derived: one per (group, role, settings), each collecting the shapes and nodes it serves."""
+
+    kernels: dict[tuple, _Kernel] = field(default_factory=dict)
+    chosen: dict[int, dict[str, _Kernel]] = field(default_factory=dict)  # node index -> role -> kernel
+    group_shapes: dict[Group, list[tuple[int, int]]] = field(default_factory=dict)
+    group_nodes: dict[Group, list[str]] = field(default_factory=dict)
+
+    def add(self, i: int, name: str, need: NodeNeeds, table: list[TunedCase]) -> None:
+        group, shape = Group.of(need), (need.N, need.K)
+        shapes = self.group_shapes.setdefault(group, [])
+        if shape not in shapes:
+            shapes.append(shape)
+        self.group_nodes.setdefault(group, []).append(name)
+        self.chosen[i] = {}
+        for role, config in roles_for(group, table, *shape).items():
+            k = self.kernels.setdefault((group, role, config.settings), _Kernel(group, role, config.settings))
+            k.shapes.setdefault(shape if role != "fallback" else (0, 0), (config.origin, []))[1].append(name)
+            self.chosen[i][role] = k
+
+    def named(self) -> list[_Kernel]:
+        """The kernels, named, in spec order: by group (as the model first uses it), then m1, m2, m256, fallback."""
+        for k in self.kernels.values():
+            k.name = _name(k, self.group_shapes[k.group])
+        roles = list(ROLE_WORDS)
+        groups = list(self.group_shapes)
+        return sorted(self.kernels.values(), key=lambda k: (groups.index(k.group), roles.index(k.role), k.name))
+
+    def intended(self) -> dict[int, Serving]:
+        return {i: Serving(roles["m1"].name, tuple((k.min_rows, k.name) for r, k in roles.items() if r in ("m2", "m256")),
+                           roles["fallback"].name if "fallback" in roles else None)
+                for i, roles in self.chosen.items()}
+
+
+SPEC_HEADER = """\
+# imegen ort-accelerate: kernels for {model}'s MatMulNBits nodes on a SpacemiT K1.
+# IME configs: imegen's tuning table (imegen/ort/tuning.json, the winners of bench/results/tune.json: the best
+# config per Qwen2.5-0.5B weight shape x M x block under the X60 cost model; modeled, not measured on hardware);
+# rvv fp32 kernels: bench's rvv-fp32 baseline; fallback kernels run where no IME hart is reachable.
+# Edit it and pass it back: imegen ort-accelerate MODEL -o OUT_DIR --spec OUT_DIR/model.imegen
+"""
+
+
+def derive(nodes: list[InspectedNode], *, compute: str | None = None, model_name: str = "the model",
+           table: list[TunedCase] | None = None) -> Derivation:
+    """The spec serving every servable node with kernels chosen for its shape (see the module's doc)."""
+    table = tuning_table() if table is None else table
+    work = _Assignment()
+    kept = {}
+    for i, node in enumerate(nodes):
+        if node.need is None or node.why_not:
+            kept[i] = node.why_not
+        else:
+            work.add(i, node.name, with_compute(node.need, compute), table)
+    body = [line for k in work.named() for line in (*_kernel_comment(k, work.group_nodes[k.group]), _kernel_text(k))]
+    text = "\n".join([SPEC_HEADER.format(model=model_name), *body])
+    specs = specs_from_text(text, "model.imegen") if work.kernels else []
+    derivation = Derivation(text, specs, work.intended(), kept)
+    _check_serving(derivation, nodes, compute)
+    return derivation
+
+
+def _check_serving(d: Derivation, nodes: list[InspectedNode], compute: str | None) -> None:
+    """The library's rule (serve) must give every node the kernels derived for it: else derive() is wrong."""
+    for i, want in d.intended.items():
+        got = serve(d.specs, with_compute(nodes[i].need, compute))
+        assert got == want, f"derived kernels for {nodes[i].name}: serve() gives {got}, derive() meant {want}"
+
+
+# ----------------------------------------------------------------------------- files
+def _tensors(graph):
+    """Every TensorProto of a graph and its subgraphs (where external data can be referenced)."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            if a.HasField("g"):
+                yield from _tensors(a.g)
+            for g in a.graphs:
+                yield from _tensors(g)
+
+
+def external_files(model) -> list[str]:
+    """The relative paths of the model's external data files, each once, as the model names them."""
+    from onnx import TensorProto
+
+    names = []
+    for t in _tensors(model.graph):
+        if t.data_location == TensorProto.EXTERNAL:
+            loc = next((e.value for e in t.external_data if e.key == "location"), "")
+            if loc not in names:
+                names.append(loc)
+    return names
+
+
+def _checked_location(loc: str, model_dir: Path) -> Path:
+    rel = Path(loc)
+    if not loc or rel.is_absolute() or ".." in rel.parts:
+        raise AccelerateError(f"external data location {loc!r}: not a path inside the model's folder")
+    if rel.as_posix() in OUTPUTS:
+        raise AccelerateError(f"external data file {loc} would be overwritten by ort-accelerate's own {loc}")
+    src = model_dir / rel
+    if not src.is_file():
+        raise AccelerateError(f"external data file {src} (which the model references) does not exist")
+    return rel
+
+
+FICLONE = 0x40049409  # linux/fs.h: the copy shares the source's blocks until either is written (btrfs, XFS)
+
+
+def place_file(src: Path, dst: Path) -> str:
+    """dst as a copy of src (a copy-on-write clone where the file system can), with src's mtime; nothing when
+    dst is src or an unchanged copy. Not a hard link: onnx.load refuses external data files with several
+    links (a "potential hardlink attack"), so `imegen ort-model-check` and onnx tools could not load the model."""
+    if dst.exists():
+        if dst.resolve() == src.resolve():
+            return "in place"
+        s, d = src.stat(), dst.stat()
+        if (s.st_size, s.st_mtime_ns) == (d.st_size, d.st_mtime_ns) and not os.path.samefile(src, dst):
+            return "unchanged"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".imegen-tmp")
+    how = "cloned" if _clone(src, tmp) else "copied"
+    if how == "copied":
+        shutil.copyfile(src, tmp)
+    shutil.copystat(src, tmp)  # the mtime: the next run sees an unchanged copy
+    os.replace(tmp, dst)
+    return how
+
+
+def _clone(src: Path, dst: Path) -> bool:
+    try:
+        import fcntl
+
+        with open(src, "rb") as s, open(dst, "wb") as d:
+            fcntl.ioctl(d.fileno(), FICLONE, s.fileno())
+        return True
+    except (ImportError, OSError):
+        return False
+
+
+def write_model(model, path: Path) -> None:
+    """The model's protobuf as it is: loaded without its external data, it references the same files (onnx.save
+    would also walk every tensor to write external data it does not hold: twice the time on a 1 GB model)."""
+    data = model.SerializeToString()
+    if _holds(path, data):  # a rerun: writing 1 GB again costs more than reading it
+        return
+    tmp = path.with_name(path.name + ".imegen-tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _holds(path: Path, data: bytes, chunk: int = 1 << 26) -> bool:
+    """Whether the file at path holds exactly data (compared a chunk at a time)."""
+    if not path.is_file() or path.stat().st_size != len(data):
+        return False
+    view = memoryview(data)
+    with open(path, "rb") as f:
+        for at in range(0, len(data), chunk):
+            if f.read(chunk) != view[at:at + chunk]:
+                return False
+    return True
+
+
+def _copy_if_changed(src: Path, dst: Path) -> None:
+    if dst.exists() and (os.path.samefile(src, dst) or dst.read_bytes() == src.read_bytes()):
+        return
+    tmp = dst.with_name(dst.name + ".imegen-tmp")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+# ----------------------------------------------------------------------------- the command
+@dataclass(frozen=True)
+class Options:
+    model: Path
+    out_dir: Path
+    spec: Path | None = None
+    flavour: str = "hardware"
+    compute: str | None = None  # None: by accuracy level
+    target: str = "k1"
+    ort_include: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    report: str
+    status: int  # 0: every node served; 3: some or none
+
+
+def log(message: str) -> None:
+    print(f"ort-accelerate: {message}", file=sys.stderr, flush=True)
+
+
+def load_model(path: Path):
+    import onnx
+
+    if not path.is_file():
+        raise AccelerateError(f"{path}: no such model file")
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf's DecodeError and friends
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise AccelerateError(f"{path}: not an ONNX model ({why})") from None
+
+
+def quantization_words(need: NodeNeeds) -> str:
+    return (f"{need.bits}-bit block {need.block} {'asymmetric' if need.asymmetric else 'symmetric'}"
+            + (" with bias" if need.bias else ""))
+
+
+def node_line(node: InspectedNode, decision, level_before: int, level_after: int) -> str:
+    if not decision.moved:
+        return f"kept {node.name}: {node.why_not or decision.detail}"
+    need = node.need
+    level = f"level {level_before}" + (f" -> {level_after}" if level_after != level_before else "")
+    return f"served {node.name} (N={need.N}, K={need.K}, {quantization_words(need)}, {level}): {decision.detail}"
+
+
+def summary_line(nodes: list[InspectedNode], decisions, n_kernels: int, opts: Options) -> str:
+    served = sum(d.moved for d in decisions)
+    if not nodes:
+        return ("0 of 0 MatMulNBits nodes served: the model has no com.microsoft MatMulNBits node, so there is "
+                "nothing to accelerate (nothing written but this report)")
+    head = f"{served} of {len(nodes)} MatMulNBits nodes served"
+    if served == len(nodes):
+        return f"{head} by {n_kernels} kernels ({opts.flavour} flavour library)"
+    reasons = Counter(n.why_not or d.detail for n, d in zip(nodes, decisions) if not d.moved)
+    kept = "; ".join(f"{count} {why}" for why, count in reasons.items())
+    return f"{head}; {len(nodes) - served} kept ({kept})" + ("" if served else "; no library built")
+
+
+def _lower_levels(model, nodes: list[InspectedNode], specs: list[KernelSpec]) -> set[int]:
+    """--compute fp32: level-4 nodes that the specs serve at fp32 get accuracy_level 0 (ORT's fp32 contract)."""
+    from onnx import helper
+
+    lowered = set()
+    for i, (node, inspected) in enumerate(zip(matmul_nbits_nodes(model), nodes)):
+        need = inspected.need
+        if need and not inspected.why_not and need.accuracy_level == INT8_LEVEL \
+                and serve(specs, with_compute(need, "fp32")).ok:
+            kept = [a for a in node.attribute if a.name != "accuracy_level"]
+            del node.attribute[:]
+            node.attribute.extend(kept + [helper.make_attribute("accuracy_level", FP32_LEVEL)])
+            lowered.add(i)
+    return lowered
+
+
+def _checked_output(opts: Options) -> Path:
+    if opts.target != "k1":
+        raise AccelerateError(f"--target {opts.target}: not yet: imegen's IME kernels and tuning are for the K1's X60 "
+                              "cores (vmadot at VLEN 256); the only target for now is k1")
+    out = opts.out_dir
+    if out.exists() and not out.is_dir():
+        raise AccelerateError(f"-o {out}: exists and is not a folder")
+    if (out / "model.onnx").exists() and os.path.samefile(out / "model.onnx", opts.model):
+        raise AccelerateError(f"-o {out}: {out / 'model.onnx'} is MODEL itself; write to another folder")
+    return out
+
+
+def _kernels(opts: Options, nodes: list[InspectedNode]) -> tuple[list[KernelSpec], str, dict[int, Serving] | None]:
+    """(specs, spec text, the kernels derived per node index or None for a given spec)."""
+    if opts.spec is not None:
+        return load_specs(opts.spec), opts.spec.read_text(), None
+    derived = derive(nodes, compute=opts.compute, model_name=opts.model.name)
+    return derived.specs, derived.text, derived.intended
+
+
+def _write_outputs(opts: Options, model, specs: list[KernelSpec], spec_text: str, externals: list[Path]) -> None:
+    out = opts.out_dir
+    spec_out = out / "model.imegen"
+    if not (opts.spec and spec_out.exists() and os.path.samefile(opts.spec, spec_out)):
+        spec_out.write_text(spec_text)
+    log(f"building the library ({sum(s.abi == 'imegen' for s in specs)} kernels, {opts.flavour} flavour)...")
+    from .customop import build_library
+
+    lib = build_library(specs, str(spec_out), flavour=opts.flavour, ort_include=opts.ort_include)
+    _copy_if_changed(lib, out / "libimegen_ort.so")
+    log(f"writing {out / 'model.onnx'}...")
+    write_model(model, out / "model.onnx")
+    for rel in externals:
+        how = place_file(opts.model.parent / rel, out / rel)
+        if how in ("cloned", "copied"):
+            log(f"{how} external data {rel}")
+
+
+def _remove_stale_outputs(opts: Options) -> None:
+    """Nothing runs on imegen: no model or library of an earlier run may stay to be loaded by mistake."""
+    for name in ("model.onnx", "libimegen_ort.so", "model.imegen"):
+        path = opts.out_dir / name
+        if path.exists() and not os.path.samefile(path, opts.model):
+            path.unlink()
+
+
+def accelerate(opts: Options) -> Outcome:
+    from .rewrite import rewrite
+
+    model = load_model(opts.model)
+    out = _checked_output(opts)
+    nodes = inspect_model(model)
+    externals = [_checked_location(loc, opts.model.parent) for loc in external_files(model)]
+    specs, spec_text, intended = _kernels(opts, nodes)
+    lowered = _lower_levels(model, nodes, specs) if opts.compute == "fp32" else set()
+    decisions = rewrite(model, specs, int8_compute=opts.compute == "int8")
+    if intended is not None:  # the rewrite moved exactly the nodes derived for, onto their kernels
+        assert {i for i, d in enumerate(decisions) if d.moved} == set(intended), (decisions, intended)
+        assert all(decisions[i].serving == s for i, s in intended.items()), (decisions, intended)
+    served = [d for d in decisions if d.moved]
+    out.mkdir(parents=True, exist_ok=True)
+    if served:
+        _write_outputs(opts, model, specs, spec_text, externals)
+    else:
+        _remove_stale_outputs(opts)
+    used = {name for d in served for name in d.serving.names()}
+    lines = [node_line(n, d, *_levels(n, d, i in lowered)) for i, (n, d) in enumerate(zip(nodes, decisions))]
+    lines += notes(decisions, lowered, opts)
+    lines.append(summary_line(nodes, decisions, len(used), opts))
+    report = "\n".join(lines) + "\n"
+    (out / "report.txt").write_text(report)
+    return Outcome(report, 0 if nodes and len(served) == len(nodes) else 3)
+
+
+def _levels(node: InspectedNode, decision, lowered: bool) -> tuple[int, int]:
+    """The node's accuracy_level in MODEL and in OUT_DIR/model.onnx."""
+    before = node.need.accuracy_level if node.need else 0
+    return before, INT8_LEVEL if decision.level_raised else FP32_LEVEL if lowered else before
+
+
+def notes(decisions, lowered: set[int], opts: Options) -> list[str]:
+    out = []
+    if any(d.level_raised for d in decisions):
+        out.append("note: --compute int8 runs accuracy_level 0-3 nodes with int8 compute (accuracy_level 4 in "
+                   "model.onnx): their results change from ORT's fp32 contract to its level-4 (int8) tolerance")
+    if lowered:
+        out.append("note: --compute fp32 runs accuracy_level 4 nodes in fp32 (accuracy_level 0 in model.onnx): "
+                   "slower than IME, and at least as accurate as ORT's level 4")
+    if opts.flavour == "qemu" and any(d.moved for d in decisions):
+        out.append("note: qemu flavour: libimegen_ort.so emulates IME under QEMU; never load it on hardware")
+    return out
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("ort-accelerate", help="rewrite an int4/int8 ONNX model for a K1 and build its custom-op library, "
+                       "kernels chosen per node shape (no spec needed)")
+    p.add_argument("model")
+    p.add_argument("-o", "--output", required=True, metavar="OUT_DIR",
+                   help="folder for model.onnx, libimegen_ort.so, model.imegen and report.txt")
+    p.add_argument("--target", choices=TARGETS, default="k1", help="the board (k1; k3 is not yet supported)")
+    p.add_argument("--flavour", choices=("hardware", "qemu"), default="hardware",
+                   help="hardware (a K1; default) or qemu (IME emulated; for QEMU only)")
+    p.add_argument("--spec", help="use this spec's kernels instead of deriving them (e.g. an edited OUT_DIR/model.imegen)")
+    p.add_argument("--compute", choices=("fp32", "int8"), default=None,
+                   help="default: by accuracy_level (4: int8 on IME; 0-3: fp32 on RVV). int8 runs every node on "
+                        "IME (changes levels 0-3's numerics to ORT's level-4 tolerance); fp32 every node on RVV fp32")
+    p.add_argument("--ort-include", metavar="DIR",
+                   help="build against this folder's onnxruntime_c_api.h (ORT 1.21 or newer), e.g. the board's "
+                        "/usr/include/onnxruntime (default: Debian's ORT 1.21 header)")
+
+
+def run_command(args) -> int:
+    """`imegen ort-accelerate`; status 0 (all served), 3 (some or none), 2 (a user error)."""
+    from .customop import CustomOpError
+
+    opts = Options(Path(args.model), Path(args.output), Path(args.spec) if args.spec else None, args.flavour,
+                   args.compute, args.target, args.ort_include)
+    try:
+        outcome = accelerate(opts)
+    except (AccelerateError, CustomOpError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except SpecError as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(outcome.report, end="")
+    return outcome.status
