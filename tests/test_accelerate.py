@@ -187,6 +187,10 @@ def test_every_flavour_is_served_by_kernels_chosen_for_it(tmp_path, capsys, buil
                      + (f", no IME hart: {s.fallback}" if level == 4 else ""))
     assert out.splitlines()[-1] == "1 of 1 MatMulNBits nodes served by " + f"{len(s.names())} kernels (hardware flavour library)"
     assert (tmp_path / "out" / "report.txt").read_text() == out
+    umask = os.umask(0o22)
+    os.umask(umask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()} == {
+        name: 0o666 & ~umask for name in ("model.onnx", "libimegen_ort.so", "model.imegen", "report.txt")}
     rewritten = onnx.load(str(tmp_path / "out" / "model.onnx"))
     (node,) = rewritten.graph.node
     assert node.domain == customop.DOMAIN

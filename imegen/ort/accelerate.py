@@ -441,6 +441,20 @@ def _checked_location(loc: str, model_dir: Path) -> Path:
 FICLONE = 0x40049409  # linux/fs.h: the copy shares the source's blocks until either is written (btrfs, XFS)
 
 
+def _replace(dst: Path, fill):
+    """fill(a temporary file beside dst), then rename it over dst: an interrupted run leaves no half file.
+    Returns what fill returns."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")  # opened by fill as usual: the umask's permissions
+    try:
+        result = fill(tmp)
+        os.replace(tmp, dst)
+        return result
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def place_file(src: Path, dst: Path) -> str:
     """dst as a copy of src (a copy-on-write clone where the file system can), with src's mtime; nothing when
     dst is src or an unchanged copy. Not a hard link: onnx.load refuses external data files with several
@@ -451,13 +465,14 @@ def place_file(src: Path, dst: Path) -> str:
         s, d = src.stat(), dst.stat()
         if (s.st_size, s.st_mtime_ns) == (d.st_size, d.st_mtime_ns) and not os.path.samefile(src, dst):
             return "unchanged"
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".imegen-tmp")
-    how = "cloned" if _clone(src, tmp) else "copied"
+    return _replace(dst, lambda tmp: _copy(src, tmp))
+
+
+def _copy(src: Path, dst: Path) -> str:
+    how = "cloned" if _clone(src, dst) else "copied"
     if how == "copied":
-        shutil.copyfile(src, tmp)
-    shutil.copystat(src, tmp)  # the mtime: the next run sees an unchanged copy
-    os.replace(tmp, dst)
+        shutil.copyfile(src, dst)
+    shutil.copystat(src, dst)  # the mtime: the next run sees an unchanged copy
     return how
 
 
@@ -472,16 +487,10 @@ def _clone(src: Path, dst: Path) -> bool:
         return False
 
 
-def write_model(model, path: Path) -> None:
-    """The model's protobuf as it is: loaded without its external data, it references the same files (onnx.save
-    would also walk every tensor to write external data it does not hold: twice the time on a 1 GB model)."""
-    data = model.SerializeToString()
-    if _holds(path, data):  # a rerun: writing 1 GB again costs more than reading it
-        return
-    tmp = path.with_name(path.name + ".imegen-tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+def write_if_changed(path: Path, data: bytes) -> None:
+    """Write data unless the file holds it already (a rerun: reading 1 GB costs less than writing it)."""
+    if not _holds(path, data):
+        _replace(path, lambda tmp: tmp.write_bytes(data))
 
 
 def _holds(path: Path, data: bytes, chunk: int = 1 << 26) -> bool:
@@ -494,14 +503,6 @@ def _holds(path: Path, data: bytes, chunk: int = 1 << 26) -> bool:
             if f.read(chunk) != view[at:at + chunk]:
                 return False
     return True
-
-
-def _copy_if_changed(src: Path, dst: Path) -> None:
-    if dst.exists() and (os.path.samefile(src, dst) or dst.read_bytes() == src.read_bytes()):
-        return
-    tmp = dst.with_name(dst.name + ".imegen-tmp")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
 
 
 # ----------------------------------------------------------------------------- the command
@@ -566,16 +567,14 @@ def summary_line(nodes: list[InspectedNode], decisions, n_kernels: int, opts: Op
 
 def _lower_levels(model, nodes: list[InspectedNode], specs: list[KernelSpec]) -> set[int]:
     """--compute fp32: level-4 nodes that the specs serve at fp32 get accuracy_level 0 (ORT's fp32 contract)."""
-    from onnx import helper
+    from .rewrite import _set_level
 
     lowered = set()
     for i, (node, inspected) in enumerate(zip(matmul_nbits_nodes(model), nodes)):
         need = inspected.need
         if need and not inspected.why_not and need.accuracy_level == INT8_LEVEL \
                 and serve(specs, with_compute(need, "fp32")).ok:
-            kept = [a for a in node.attribute if a.name != "accuracy_level"]
-            del node.attribute[:]
-            node.attribute.extend(kept + [helper.make_attribute("accuracy_level", FP32_LEVEL)])
+            _set_level(node, FP32_LEVEL)
             lowered.add(i)
     return lowered
 
@@ -604,14 +603,16 @@ def _write_outputs(opts: Options, model, specs: list[KernelSpec], spec_text: str
     out = opts.out_dir
     spec_out = out / "model.imegen"
     if not (opts.spec and spec_out.exists() and os.path.samefile(opts.spec, spec_out)):
-        spec_out.write_text(spec_text)
+        write_if_changed(spec_out, spec_text.encode())
     log(f"building the library ({sum(s.abi == 'imegen' for s in specs)} kernels, {opts.flavour} flavour)...")
     from .customop import build_library
 
     lib = build_library(specs, str(spec_out), flavour=opts.flavour, ort_include=opts.ort_include)
-    _copy_if_changed(lib, out / "libimegen_ort.so")
+    write_if_changed(out / "libimegen_ort.so", lib.read_bytes())
     log(f"writing {out / 'model.onnx'}...")
-    write_model(model, out / "model.onnx")
+    # The protobuf as loaded, without its external data: it names the same files. (onnx.save would also walk
+    # every tensor for external data to write, which it does not hold: twice the time on a 1 GB model.)
+    write_if_changed(out / "model.onnx", model.SerializeToString())
     for rel in externals:
         how = place_file(opts.model.parent / rel, out / rel)
         if how in ("cloned", "copied"):
@@ -650,7 +651,7 @@ def accelerate(opts: Options) -> Outcome:
     lines += notes(decisions, lowered, opts)
     lines.append(summary_line(nodes, decisions, len(used), opts))
     report = "\n".join(lines) + "\n"
-    (out / "report.txt").write_text(report)
+    write_if_changed(out / "report.txt", report.encode())
     return Outcome(report, 0 if nodes and len(served) == len(nodes) else 3)
 
 
