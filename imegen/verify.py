@@ -97,7 +97,7 @@ def build(plan: KernelPlan, spec_file: str = "<spec>", *, compiler: str = "clang
         for name, text in sources.items():
             (d / name).write_text(text)
         objs: list[Path] = [d / f"{plan.name}.c", d / "driver.c"]
-        if plan.target.emulator:
+        if plan.target.needs_ime:
             objs.append(toolchain.compile_ime_emu(d / "ime_emu.o", compiler=compiler))
         toolchain.compile_c(objs, d / "driver", compiler=compiler, host=host, include_dirs=[d, toolchain.RUNTIME_DIR])
 
@@ -132,7 +132,7 @@ def run_cases(b: Build, cases: list[Case], *, vlen: int | None = 256) -> list[Re
     with tempfile.TemporaryDirectory() as tmp:
         inp, outp = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
         inp.write_bytes(_encode(b.plan, cases))
-        ime = b.plan.target.emulator
+        ime = b.plan.target.needs_ime
         toolchain.run(b.exe, [str(inp), str(outp)], vlen=vlen, host=b.host, ime=ime)
         raw = outp.read_bytes()
     # On a riscv64 machine with IME the program runs natively and no vmadot traps: nothing counts them.

@@ -45,7 +45,7 @@ def build_inputs(d: DispatchPlan, spec_file: str, *, compiler: str = "clang") ->
 
 
 def _ime(d: DispatchPlan) -> bool:
-    return any(p.target.emulator for p in d.kernels)
+    return any(p.target.needs_ime for p in d.kernels)
 
 
 def _flags(d: DispatchPlan) -> tuple[str, ...]:
@@ -122,7 +122,7 @@ def check(d: DispatchPlan, mc: MlasCase, result: Result, *, exact: bool = False)
     # verify.compare also checks the vmadot count against one kernel's plan; the dispatch mixes
     # kernels (gemv for M == 1), so compare numbers only and check IME use separately.
     plan = group.packer
-    ime = any(getattr(group, r) is not None and getattr(group, r).target.emulator for r in ("gemv", "gemm"))
+    ime = any(getattr(group, r) is not None and getattr(group, r).target.needs_ime for r in ("gemv", "gemm"))
     if ime and mc.compute == COMPUTE_INT8 and result.vmadots == 0:
         return Comparison(False, np.inf, np.inf, "IME kernels were not executed (no vmadot)")
     return compare(plan, mc.case, result, exact=exact, check_vmadots=False)

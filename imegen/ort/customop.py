@@ -121,7 +121,7 @@ def build_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour
     plans = library_plans(specs)
     files = render_library(plans, Path(spec_file).name)
     include = ort_include_dir(ort_include)
-    emulate = flavour == "qemu" and any(p.target.emulator for p in plans)
+    emulate = flavour == "qemu" and any(p.target.needs_ime for p in plans)
     inputs = cache.Inputs(files=(*LIB_SOURCES, Path(__file__), *ort_headers(include),  # this file: the recipe
                                  *toolchain.runtime_files()),
                           strings=(repr(sorted(files.items())), flavour, repr(toolchain.COMMON_FLAGS)),

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import reference as ref
+from .. import targets
 from ..ir import KernelSpec, specs_from_text
 from ..plan import KernelPlan, expected_vmadots, plan_kernel
 from ..toolchain import ToolchainError
@@ -247,6 +248,12 @@ def fast_shapes() -> list[Shape]:
 
 # ----------------------------------------------------------------------------- kernel configs
 TARGETS = ("scalar", "rvv", "ime")
+# Per target: the built-in kernels' tiles (gemm, gemv; rvv's gemm tile by compute), the computes they are
+# built with (those the target accepts) and settings of their own.
+_TILES = {"scalar": {"fp32": ("4x8", "1x16"), "int8": ("4x8", "1x16")},
+          "rvv": {"fp32": ("4x16", "1x16"), "int8": ("2x16", "1x16")},
+          "ime": {"int8": ("4x16", "1x16")}}
+_OWN_SETTINGS = {"rvv": {"vlen": 128}}
 
 
 def _builtin_kernel(target: str, compute: str, bits: int, asym: bool, bias: bool) -> tuple[str, dict]:
@@ -254,16 +261,14 @@ def _builtin_kernel(target: str, compute: str, bits: int, asym: bool, bias: bool
     each target meets gemm and gemv, both nibble orders and both scale placements."""
     i = (bits == 8) * 4 + asym * 2 + bias
     op = ("gemm", "gemv")[(i ^ (i >> 1)) & 1]
-    tiles = {"scalar": ("4x8", "1x16"), "rvv": ("4x16" if compute == "fp32" else "2x16", "1x16"),
-             "ime": ("4x16", "1x16")}[target]
+    tiles = _TILES[target][compute]
     settings = {
         "op": op, "compute": compute, "target": target, "tile": tiles[op == "gemv"],
         "bits": bits, "zero_point": "asymmetric" if asym else "symmetric", "bias": "yes" if bias else "no",
         "k_unroll": 2, "unpack": ("planar", "interleaved")[((i >> 1) ^ (i >> 2)) & 1],
         "scales": ("inline", "separate")[(i ^ (i >> 2)) & 1],
     }
-    if target == "rvv":
-        settings["vlen"] = 128
+    settings.update(_OWN_SETTINGS.get(target, {}))
     name = f"ort_{target}_{compute}_q{bits}_{'asym' if asym else 'sym'}{'_bias' if bias else ''}"
     return name, settings
 
@@ -272,7 +277,7 @@ def builtin_configs() -> list[tuple[str, dict]]:
     """every target x compute (ime: int8 only) x bits 4/8 x symmetric/asymmetric x bias."""
     out = []
     for target in TARGETS:
-        for compute in (("int8",) if target == "ime" else ("fp32", "int8")):
+        for compute in _TILES[target]:
             for bits, asym, bias in itertools.product((4, 8), (False, True), (False, True)):
                 out.append(_builtin_kernel(target, compute, bits, asym, bias))
     return out
@@ -305,11 +310,11 @@ def runs_for(spec: KernelSpec, full: bool) -> list[tuple[str, bool, list[int | N
     """(compiler, host, VLENs) per build of a kernel: scalar natively (host cc); rvv with clang under
     QEMU at VLEN 128 and 256 (those the kernel accepts); ime under QEMU at 256 with clang (--full:
     also GCC).  One build runs at all its VLENs (so no two threads build the same sources)."""
-    if spec.target == "scalar":
+    target = targets.of(spec)
+    if target.host_build:
         return [("host cc", True, [None])]
-    if spec.target == "rvv":
-        return [("clang", False, [v for v in (128, 256) if v >= spec.vlen] or [spec.vlen])]
-    return [(c, False, [256]) for c in (("clang", "gcc") if full else ("clang",))]
+    vlens = [v for v in (128, 256) if target.accepts_vlen(spec, v)] or [spec.vlen]
+    return [(c, False, vlens) for c in (target.compilers if full else target.compilers[:1])]
 
 
 # ----------------------------------------------------------------------------- comparison
@@ -549,10 +554,10 @@ def _group_plans(group) -> list[KernelPlan]:
 def dispatch_runs(d, full: bool) -> list[tuple[str, list[int]]]:
     """Like `imegen check`: IME at VLEN 256, RVV at 128 and 256 (those all kernels accept); clang,
     and with --full also GCC when no kernel is rvv."""
-    targets = {p.spec.target for p in d.kernels}
-    vlens = [256] if "ime" in targets else [v for v in (128, 256) if v >= max(p.spec.vlen or 128 for p in d.kernels)] or \
-        [max(p.spec.vlen for p in d.kernels)]
-    return [(c, vlens) for c in (["clang"] + (["gcc"] if full and "rvv" not in targets else []))]
+    vlens = [v for v in (128, 256) if all(p.target.accepts_vlen(p.spec, v) for p in d.kernels)] or \
+        [max(p.spec.vlen or 128 for p in d.kernels)]
+    compilers = [c for c in ("clang", "gcc") if all(c in p.target.compilers for p in d.kernels)]
+    return [(c, vlens) for c in (compilers if full else compilers[:1])]
 
 
 def _run_dispatch(suite: Suite, d, compiler: str, vlens, log) -> list[Row]:
@@ -587,7 +592,7 @@ def _run_dispatch(suite: Suite, d, compiler: str, vlens, log) -> list[Row]:
             else:
                 v = compare_to_ort(r.C, suite.ort_y(s, g.bits, sym, bias, level), level, A=c.case.A, qw=c.case.qw,
                                    bias=c.case.bias, status=r.status)
-                ime = any(p.spec.target == "ime" for p in plans)
+                ime = any(p.target.needs_ime for p in plans)
                 if v.ok and ime and g.compute == COMPUTE_INT8 and r.vmadots == 0:
                     v = Verdict(False, v.max_abs, v.max_rel, v.worst, v.tolerance, "IME kernels were not executed (no vmadot)")
             rows.append(Row(s, g.bits, "symmetric" if sym else "asymmetric", bias, "fp32" if level == 0 else "int8",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import targets
 from ..ir import KernelSpec
 
 # ORT's accuracy_level -> the arithmetic its CPU MatMulNBits uses. Levels 2 (fp16) and 3 (bf16) have no
@@ -120,7 +121,7 @@ def serve(specs: list[KernelSpec], need: NodeNeeds) -> Serving:
     by_rows: dict[int, str] = {}
     for s in gemm:
         by_rows.setdefault(s.min_rows, s.name)  # the spec's first kernel for each min_rows
-    uses_ime = any(s.target == "ime" for s in (*gemv[:1], *(s for s in gemm if by_rows.get(s.min_rows) == s.name)))
+    uses_ime = any(targets.of(s).needs_ime for s in (*gemv[:1], *(s for s in gemm if by_rows.get(s.min_rows) == s.name)))
     fallbacks = _for_shape([s for s in group if s.fallback], need) if uses_ime else []
     return Serving(gemv[0].name if gemv else None, tuple(sorted(by_rows.items())),
                    fallbacks[0].name if fallbacks else None)

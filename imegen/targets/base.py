@@ -60,7 +60,9 @@ class Target:
     compilers: tuple[str, ...]  # the cross compilers that can build it (verify.compilers_for)
     vector: bool  # uses vector registers: VLEN matters (runs, refusals), RVV helpers where the compiler has them
     host_build: bool = False  # portable C: also built and checked natively, as the reference build
-    emulator: bool = False  # executes instructions QEMU lacks (vmadot): test builds link runtime/ime_emu.c
+    # executes SpacemiT IME instructions (vmadot): runs only on IME harts; test builds link the emulator QEMU
+    # needs for them (runtime/ime_emu.c)
+    needs_ime: bool = False
     intrinsics_required: bool = False  # cannot build without riscv_vector.h (else only helpers use it)
     plan_part: str | None = None  # the KernelPlan field its lowering fills (KernelPlan.rvv, KernelPlan.ime)
     # DSL settings only this target offers -> why a spec cannot have their non-default value (None: it can);
