@@ -41,14 +41,16 @@ from .serving import COMPUTE_FOR_LEVEL, NodeNeeds, Serving, refusal, serve
 TUNING_TABLE = Path(__file__).with_name("tuning.json")
 TUNE_JSON = "bench/results/tune.json"  # the tuner's committed output that TUNING_TABLE condenses
 TUNED_M = {"m1": 1, "m2": 128, "m256": 512}  # kernel role -> the M its table entry was tuned at
-LONG_PROMPT_ROWS = 256  # min_rows of the M = 512 winner: between the tuned 128 and 512, nearer neither
-# The fallback's VLEN: a K1's harts all have VLEN 256 (X60), and the fallback runs only on its non-IME ones
-# (cores 4-7). A kernel built for 256 refuses narrower harts at session creation instead of running slowly.
+LONG_PROMPT_ROWS = 256  # min_rows of the M = 512 winner: the geometric mean of the tuned 128 and 512
+# The fallback's VLEN is the K1's: every K1 hart is an X60 with VLEN 256, and the fallback runs only on the
+# ones without IME (cores 4-7). The library refuses a kernel whose VLEN a hart lacks at session creation, so
+# a library built for a K1 fails loudly, naming the node, on a narrower machine.
 FALLBACK_VLEN = 256
 INT8_LEVEL = 4
 FP32_LEVEL = 0
 TARGETS = ("k1", "k3")
 OUTPUTS = ("model.onnx", "libimegen_ort.so", "model.imegen", "report.txt")
+BIG_MODEL = 64 << 20  # bytes of model file worth a progress line: reading it takes a second or more
 ROLE_WORDS = {"m1": "M = 1 (decode)", "m2": "M > 1 (prefill)", "m256": f"M >= {LONG_PROMPT_ROWS} (long prompts)",
               "fallback": "slices whose thread cannot reach an IME hart"}
 
@@ -65,7 +67,7 @@ class TunedCase:
     K: int
     M: int
     block: int
-    settings: tuple[tuple[str, object], ...]  # the winner, as tune.settings_of writes it
+    settings: tuple[tuple[str, object], ...]  # the winner's DSL settings, as tune.json gives them
 
 
 def compact_tuning_table(tune_json: dict) -> dict:
@@ -284,7 +286,6 @@ class Derivation:
     text: str  # the spec file
     specs: list[KernelSpec]
     intended: dict[int, Serving]  # index in inspect_model()'s list -> the kernels derived for the node
-    kept: dict[int, str]  # index -> why the node stays in ORT
 
 
 def _kernel_text(k: _Kernel) -> str:
@@ -374,16 +375,13 @@ def derive(nodes: list[InspectedNode], *, compute: str | None = None, model_name
     """The spec serving every servable node with kernels chosen for its shape (see the module's doc)."""
     table = tuning_table() if table is None else table
     work = _Assignment()
-    kept = {}
     for i, node in enumerate(nodes):
-        if node.need is None or node.why_not:
-            kept[i] = node.why_not
-        else:
+        if node.need is not None and not node.why_not:
             work.add(i, node.name, with_compute(node.need, compute), table)
     body = [line for k in work.named() for line in (*_kernel_comment(k, work.group_nodes[k.group]), _kernel_text(k))]
     text = "\n".join([SPEC_HEADER.format(model=model_name), *body])
     specs = specs_from_text(text, "model.imegen") if work.kernels else []
-    derivation = Derivation(text, specs, work.intended(), kept)
+    derivation = Derivation(text, specs, work.intended())
     _check_serving(derivation, nodes, compute)
     return derivation
 
@@ -630,6 +628,8 @@ def _remove_stale_outputs(opts: Options) -> None:
 def accelerate(opts: Options) -> Outcome:
     from .rewrite import rewrite
 
+    if opts.model.is_file() and opts.model.stat().st_size > BIG_MODEL:
+        log(f"reading {opts.model} ({opts.model.stat().st_size >> 20} MiB)...")
     model = load_model(opts.model)
     out = _checked_output(opts)
     nodes = inspect_model(model)
