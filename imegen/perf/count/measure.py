@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ... import cache, toolchain
+from ... import cache, targets, toolchain
 from ...plan import KernelPlan, expected_vmadots
 from ...render import march_for, render_kernel
 from ...toolchain import ToolchainError
@@ -73,7 +73,7 @@ def bench_inputs(plan: KernelPlan, *, compiler: str = "clang") -> tuple[dict[str
     defines = {"IMEGEN_BENCH_HEADER": f'"{plan.name}.h"', "IMEGEN_BENCH_PREFIX": f"{plan.name}_",
                "IMEGEN_BENCH_BLOCK": s.block, "IMEGEN_BENCH_BITS": s.bits,
                "IMEGEN_BENCH_ZP": int(s.zero_point == "asymmetric"), "IMEGEN_BENCH_BIAS": int(s.bias),
-               "IMEGEN_BENCH_IME": int(s.target == "ime")}
+               "IMEGEN_BENCH_IME": int(targets.of(s).needs_ime)}
     inputs = cache.Inputs((DRIVER, *toolchain.runtime_files()),
                           tuple(f"{name}\n{text}" for name, text in sorted(sources.items()))
                           + tuple(f"-D{k}={v}" for k, v in sorted(defines.items())) + ("-static",))
@@ -95,7 +95,7 @@ def build_bench(plan: KernelPlan, *, compiler: str = "clang") -> BenchExe:
                                    include_dirs=[d, toolchain.RUNTIME_DIR],
                                    extra_flags=[f"-D{k}={v}" for k, v in defines.items()])
         objs = [kobj, dobj]
-        if s.target == "ime":
+        if targets.of(s).needs_ime:  # its vmadots trap into the emulator, excluded from the counts
             objs.append(toolchain.compile_ime_emu(d / "ime_emu.o", compiler=compiler))
         toolchain.compile_c(objs, d / "bench", compiler=compiler, extra_flags=["-static", f"-Wl,-Map={d / 'bench.map'}"])
         objects = {str(d / "kernel.o"): "kernel", str(d / "driver.o"): "excluded", str(d / "ime_emu.o"): "excluded"}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import cache, toolchain
+from ... import cache, targets, toolchain
 from ...abi import mlas_check
 from ...abi.mlas import COMPUTE_INT8, DispatchPlan, Group
 from ...plan import KernelPlan, expected_vmadots, plan_kernel
@@ -121,7 +121,7 @@ def count_group(d: DispatchPlan, g: Group, spec_file: str, shapes=SHAPES, seed: 
 def run(d: DispatchPlan, spec_file: str, log=None) -> list[Row]:
     rows = []
     for g in d.groups:
-        if g.compute == COMPUTE_INT8 and any(p.spec.target == "ime" for p in (g.gemv, g.gemm) if p):
+        if g.compute == COMPUTE_INT8 and any(targets.of(p.spec).needs_ime for p in (g.gemv, g.gemm) if p):  # vmadot kernels
             if log:
                 log(f"counting {'+'.join(p.name for p in (g.gemv, g.gemm) if p)} ({g.bits}-bit, block {g.block})")
             rows += count_group(d, g, spec_file)

@@ -4,6 +4,7 @@ validator (validate), so a config the validator refuses is never built."""
 
 from __future__ import annotations
 
+from ... import targets
 from ...errors import SpecError
 from ...ir import KernelSpec, specs_from_text
 
@@ -45,12 +46,18 @@ def validate(settings: dict[str, object]) -> KernelSpec | SpecError:
         return e
 
 
+def _takes_vlen(spec: KernelSpec) -> bool:
+    """Whether the DSL's vlen is a setting of spec's target: vector targets that run at more than one VLEN."""
+    target = targets.of(spec)
+    return target.vector and target.only_vlen is None
+
+
 def settings_of(spec: KernelSpec) -> dict[str, object]:
     d = {"op": spec.op, "bits": spec.bits, "block": spec.block, "zero_point": spec.zero_point,
          "bias": "yes" if spec.bias else "no", "compute": spec.compute, "target": spec.target,
          "tile": f"{spec.tile_m}x{spec.tile_n}", "k_unroll": spec.k_unroll, "unpack": spec.unpack,
          "panel": spec.panel, "scales": spec.scales, "scale_type": spec.scale_type}
-    if spec.target == "rvv":
+    if _takes_vlen(spec):
         d["vlen"] = spec.vlen
     if spec.stage_b != "tile":
         d["stage_b"] = spec.stage_b
