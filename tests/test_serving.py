@@ -296,3 +296,21 @@ def test_kernels_of_one_layout_pack_identical_bytes(tmp_path):
             same = ids[a.name] == ids[b.name]
             assert (got[a.name] == got[b.name]) == same, (a.name, b.name, same, got[a.name], got[b.name])
     assert len(set(ids.values())) < len(plans)  # some kernels do share a layout here
+
+
+def test_an_initializer_a_graph_input_may_override_is_not_constant(tmp_path, setup):
+    """ORT gives a custom op no constant for an initializer that is also a graph input (the caller may
+    feed it), so the library cannot pack it: rewrite keeps such a node, with the reason, and a node moved
+    anyway fails session creation in the real ORT naming it."""
+    specs, lib = setup[0], setup[2]
+    model = two_node_model(np.random.default_rng(7))
+    b = next(t for t in model.graph.initializer if t.name == "n_a_B")
+    model.graph.input.append(helper.make_tensor_value_info("n_a_B", TensorProto.UINT8, list(b.dims)))
+    decisions = {d.node: d for d in imegen.rewrite_model(model, specs)}
+    assert not decisions["n_a"].moved and "B (n_a_B) is not a constant initializer" in decisions["n_a"].detail
+    assert decisions["n_any"].moved
+    for node in model.graph.node:
+        node.domain = "ai.imegen"
+    onnx.save(model, tmp_path / "forced.onnx")
+    with pytest.raises(OrtError, match="node 'n_a': B is not a constant initializer"):
+        RiscvSession(tmp_path / "forced.onnx", "1.23", custom_ops=lib)

@@ -124,9 +124,9 @@ def matmul_nbits_nodes(model) -> list:
 def inspect_model(model) -> list[InspectedNode]:
     """Every com.microsoft MatMulNBits node of the main graph, in graph order (as rewrite() visits them).
     Reads only the protobuf: initializers' data types and dims, never their (external) data."""
-    from .rewrite import node_name, node_needs
+    from .rewrite import constant_initializers, node_name, node_needs
 
-    initializers = {t.name: t for t in model.graph.initializer}
+    initializers = constant_initializers(model.graph)
     out = []
     for node in matmul_nbits_nodes(model):
         name = node_name(node)

@@ -41,6 +41,13 @@ def node_name(node) -> str:
     return node.name or f"(unnamed, output {node.output[0]})"
 
 
+def constant_initializers(graph) -> dict:
+    """The graph's initializers ORT treats as constants: not those a graph input of the same name may
+    override (ORT hands a custom op no constant for them, so the library could not pack them)."""
+    inputs = {i.name for i in graph.input}
+    return {t.name: t for t in graph.initializer if t.name not in inputs}
+
+
 def node_needs(node, initializers: dict) -> tuple[NodeNeeds | None, str]:
     """What the node asks of a kernel, or (None, why the library cannot take it whatever the spec)."""
     ins = list(node.input) + [""] * (6 - len(node.input))
@@ -83,7 +90,7 @@ def rewrite(model, specs: list[KernelSpec], *, int8_compute: bool = False) -> li
     `int8_compute`: nodes at accuracy_level 0-3 are moved with accuracy_level 4 (int8 compute, IME),
     which changes their numerics from ORT's fp32 contract."""
     graph = model.graph
-    initializers = {t.name: t for t in graph.initializer}
+    initializers = constant_initializers(graph)
     decisions = []
     for node in graph.node:
         if node.op_type == "MatMulNBits" and node.domain == MS_DOMAIN:
