@@ -1,7 +1,8 @@
 """`imegen bench`: the Qwen2.5-0.5B MatMulNBits shapes, imegen's tuned kernels against the baselines
 (baselines/: the DSL ones, llama.cpp's real kernels, stock riscv64 onnxruntime), instruction counts
 measured under QEMU, times modeled for the SpacemiT K1 / X60. run() measures everything into a
-BenchResult; report/ turns it into text, CSV and a plot.
+BenchResult, run_spec() a user's own kernels (`bench --spec`) next to the DSL baselines; report/ turns
+it into text, CSV and a plot.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .model import x60
 from .search import tune
 from .search.evaluate import Evaluation, evaluate
 from .search.settings import settings_of, validate
+from .user_kernels import UserKernels
 from .workload import BLOCKS, Case, targets
 
 KINDS = ("imegen", *BASELINES)
@@ -33,15 +35,20 @@ class Row:
 @dataclass(frozen=True)
 class BenchResult:
     rows: list[Row]
-    tuned: tune.TuneResult
+    tuned: tune.TuneResult | None  # None: a user's kernels (run_spec), not the tuner's
     quick: bool
     llama: tuple = ()  # llama_cpp.LlamaRow: llama.cpp's real kernels, block 32
     ort: tuple = ()  # ort_nodes.OrtRow: stock riscv64 onnxruntime per Run, and ORT + imegen's library
     whole: whole_model.WholeModel | None = None  # (full runs) the whole Qwen model in stock ORT and ORT + imegen
     twins: dict = field(default_factory=dict)  # (case, B scale type) -> (the fewest-instruction twin, own form?) (scale_twins)
+    subjects: tuple[str, ...] = ("imegen",)  # the kinds benched against the baselines: the tuned kernels, or SPEC's
+    user: UserKernels | None = None  # `bench --spec`: the user's kernels
 
     def get(self, case: Case, kind: str) -> Evaluation:
         return next(r.ev for r in self.rows if r.case == case and r.kind == kind)
+
+    def has(self, case: Case, kind: str) -> bool:
+        return any(r.case == case and r.kind == kind for r in self.rows)
 
     @property
     def cases(self) -> list[Case]:
@@ -59,6 +66,16 @@ def run(*, quick: bool = False, blocks=BLOCKS, jobs: int | None = None, log=None
     ort = tuple(ort_nodes.rows(cases, tuned, quick=quick, log=log))
     whole = None if quick else whole_model.run(tuned, list(ort), log=log)
     return BenchResult(rows, tuned, quick, llama, ort, whole, scale_twins(cases, tuned, log))
+
+
+def run_spec(user: UserKernels, cases: list[Case], *, quick: bool = False, jobs: int | None = None, log=None) -> BenchResult:
+    """`imegen bench --spec`: the user's kernels, each on the cases of its block, next to the DSL baselines."""
+    evals = evaluate(list(user.specs), cases, jobs=jobs or os.cpu_count() or 1, log=log)
+    rows = [Row(c, s.name, evals[(s.name, c)]) for s in user.specs for c in cases if c.block == s.block]
+    rows += baseline_rows(cases, log)
+    order = {k: i for i, k in enumerate((*user.names, *BASELINES))}
+    rows.sort(key=lambda r: (cases.index(r.case), order[r.kind]))
+    return BenchResult(rows, None, quick, subjects=user.names, user=user)
 
 
 def baseline_rows(cases: list[Case], log=None) -> list[Row]:

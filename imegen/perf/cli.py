@@ -1,4 +1,4 @@
-"""The `imegen bench` and `imegen tune` commands (added to imegen.cli's parser)."""
+"""The `imegen bench`, `imegen tune` and `imegen floors` commands (added to imegen.cli's parser)."""
 
 from __future__ import annotations
 
@@ -13,32 +13,29 @@ from ..errors import SpecError
 from ..ir import load_specs
 from ..plan import plan_kernel
 from ..toolchain import ToolchainError, missing_tools
-from . import bench
+from . import arguments, bench, user_kernels
 from .count import mlas_counts
 from .count.plugin import PluginUnavailable
 from .model import floors
 from .report import files
+from .report.spec import spec_report
 from .report.text import report as bench_report
 from .search import tune
 from .search.evaluate import RANKINGS
-from .workload import BLOCKS, targets
+from .workload import BLOCKS, spec_cases, targets
 
 COMMANDS = ("bench", "tune", "floors")
 FULL_RESULTS, QUICK_RESULTS = "bench/results", "bench/results-quick"
 
 
 def output_dir(args) -> Path:
+    """-o, else the committed results' folder, else (--quick) one beside it; --spec runs get one of their own
+    (bench/results-STEM), so neither ever replaces the committed full results."""
     if args.output is not None:
         return Path(args.output)
-    return Path(QUICK_RESULTS if args.quick else FULL_RESULTS)
-
-
-def _blocks(text: str) -> tuple[int, ...]:
-    blocks = tuple(int(b) for b in text.split(","))
-    bad = [b for b in blocks if b not in BLOCKS]
-    if bad:
-        raise ValueError(f"blocks must be among {', '.join(map(str, BLOCKS))}, got {', '.join(map(str, bad))}")
-    return blocks
+    spec = getattr(args, "spec", None)
+    base = f"{FULL_RESULTS}-{Path(spec).stem}" if spec else FULL_RESULTS
+    return Path(f"{base}-quick" if spec and args.quick else QUICK_RESULTS if args.quick else base)
 
 
 def add_perf_commands(sub) -> None:
@@ -46,13 +43,27 @@ def add_perf_commands(sub) -> None:
     t = sub.add_parser("tune", help="search IME tile configs per Qwen2.5-0.5B shape under the X60 cost model")
     b.add_argument("--mlas", metavar="SPEC", help="instead: the CompInt8 IME kernels of SPEC's MLAS dispatch, driven like "
                    "MlasQNBitGemmBatch, next to the same kernels with imegen's own ABI (instruction counts)")
+    b.add_argument("--spec", metavar="SPEC", help="instead of the tuned kernels: SPEC's own kernels (abi imegen, target "
+                   "ime or rvv) in the same tables, next to the baselines; each on the cases of its block")
+    t.add_argument("--spec", metavar="SPEC", help="instead of searching: rank SPEC's own kernels (abi imegen, target ime "
+                   "or rvv) per shape, and write the best of them per case")
     for p in (b, t):
-        p.add_argument("--quick", action="store_true", help="the CI subset: q/o shape, M=1 and 128, block 32, small search")
+        p.add_argument("--quick", action="store_true", help="the CI subset: q/o shape, M=1 and 128, block 32, small search "
+                       "(with --spec: q/o, M=1 and 128, each kernel's block)")
         p.add_argument("-o", "--output", default=None,
-                       help=f"directory for the outputs (default: {FULL_RESULTS}; with --quick {QUICK_RESULTS}, "
-                            "so a quick run never replaces the committed full results)")
-        p.add_argument("--blocks", type=_blocks, default=BLOCKS, help="comma-separated block sizes (default: 32,64,128)")
-        p.add_argument("-j", "--jobs", type=int, default=None, help="parallel builds/QEMU runs (default: CPU count)")
+                       help=f"directory for the outputs (default: {FULL_RESULTS}; with --quick {QUICK_RESULTS}; with "
+                            f"--spec SPEC {FULL_RESULTS}-STEM[-quick]: no run but the full one replaces the committed "
+                            "results)")
+        p.add_argument("--blocks", type=arguments.blocks, default=None,
+                       help=f"comma-separated block sizes (default: {','.join(map(str, BLOCKS))}; not with --spec, "
+                            "whose kernels have their own)")
+        p.add_argument("--shape", type=arguments.shape, action="append", metavar="NxK",
+                       help="with --spec: a weight shape of N columns and K inputs to run on instead of the Qwen "
+                            "shapes (repeatable)")
+        p.add_argument("--m", type=arguments.m_values, metavar="M[,M...]",
+                       help="with --spec: the rows M to run each shape at (default: 1,128,512; with --quick 1,128)")
+        p.add_argument("-j", "--jobs", type=arguments.jobs, default=None,
+                       help="parallel builds/QEMU runs, at least 1 (default: CPU count)")
     f = sub.add_parser("floors", help="the X60 model's floors per IME register tiling, against the prefill cells of a "
                        "committed bench run (static: no QEMU)")
     f.add_argument("results", nargs="?", default=FULL_RESULTS, help=f"a bench output directory (default: {FULL_RESULTS})")
@@ -84,41 +95,91 @@ def _unwritable(out: Path) -> str | None:
     return None
 
 
+def misused_options(args) -> str | None:
+    """Options that contradict each other, or that need --spec without it (argparse checks each alone)."""
+    if getattr(args, "mlas", None) and args.spec:
+        return "--mlas and --spec are different runs: give one"
+    if args.spec and args.blocks is not None:
+        return "--blocks does not apply with --spec: each kernel runs at its own block"
+    if not args.spec and (args.shape or args.m):
+        return "--shape and --m choose the cases of --spec's kernels: give --spec SPEC"
+    return None
+
+
+def _user_kernels(args) -> user_kernels.UserKernels:
+    """SPEC's kernels the bench can run, each one it skips named on stderr (SpecError: none, or SPEC unreadable)."""
+    user = user_kernels.load(args.spec)
+    for name, why in user.skipped:
+        _log(f"{args.command}: skipping kernel {name}: {why}")
+    return user
+
+
+def _floors(args) -> int:
+    """Static: reads a bench output's bench.csv, runs nothing."""
+    try:
+        text = floors.report(Path(args.results))
+    except (OSError, KeyError) as e:
+        print(f"error: {args.results}: not a bench output directory ({e})", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+def _tune(args, user: user_kernels.UserKernels | None, out: Path, jobs: int) -> None:
+    if user:
+        cases = spec_cases(user.blocks, quick=args.quick, custom_shapes=args.shape, ms=args.m)
+        result = tune.rank(list(user.specs), cases, jobs=jobs, log=_log, by=args.occupancy, source=user.source)
+    else:
+        result = tune.search(targets(quick=args.quick, blocks=args.blocks or BLOCKS), quick=args.quick, jobs=jobs,
+                             log=_log, by=args.occupancy)
+    print(result.spec_file())
+    for path in tune.write_outputs(result, out):
+        _log(f"wrote {path}")
+
+
+def _bench(args, user: user_kernels.UserKernels | None, out: Path, jobs: int) -> None:
+    if user:
+        cases = spec_cases(user.blocks, quick=args.quick, custom_shapes=args.shape, ms=args.m)
+        res = bench.run_spec(user, cases, quick=args.quick, jobs=jobs, log=_log)
+        report, write = spec_report(res), files.write_spec_outputs
+    else:
+        res = bench.run(quick=args.quick, blocks=args.blocks or BLOCKS, jobs=jobs, log=_log)
+        report, write = bench_report(res), files.write_outputs
+    print(report)
+    for path in write(res, out, report):
+        _log(f"wrote {path}")
+
+
 def run_perf_command(args) -> int:
-    if args.command == "floors":  # static: reads bench.csv, runs nothing
-        try:
-            text = floors.report(Path(args.results))
-        except (OSError, KeyError) as e:
-            print(f"error: {args.results}: not a bench output directory ({e})", file=sys.stderr)
-            return 2
-        print(text)
-        return 0
+    if args.command == "floors":
+        return _floors(args)
+    problem = misused_options(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    try:  # SPEC before anything is built: a spec error is one line, now
+        user = _user_kernels(args) if args.spec else None
+    except SpecError as e:
+        print(e, file=sys.stderr)
+        return 2
     missing = missing_tools()
     if missing:
         print(f"error: missing tools: {', '.join(missing)} (see README: install the toolchain first)", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     out = output_dir(args)
-    if not (args.command == "bench" and args.mlas):  # the full run takes half an hour: fail now, not after it
+    mlas = args.command == "bench" and args.mlas
+    if not mlas:  # the full run takes half an hour: fail now, not after it
         problem = _unwritable(out)
         if problem:
             print(f"error: cannot write the results to {out}: {problem}", file=sys.stderr)
             return 2
+    jobs = args.jobs or os.cpu_count() or 1
     try:
-        if args.command == "bench" and args.mlas:
+        if mlas:
             print(_mlas_counts(args.mlas))
-        elif args.command == "tune":
-            result = tune.search(targets(quick=args.quick, blocks=args.blocks), quick=args.quick,
-                                 jobs=args.jobs or os.cpu_count() or 1, log=_log, by=args.occupancy)
-            print(result.spec_file())
-            for path in tune.write_outputs(result, out):
-                _log(f"wrote {path}")
         else:
-            res = bench.run(quick=args.quick, blocks=args.blocks, jobs=args.jobs, log=_log)
-            report = bench_report(res)
-            print(report)
-            for path in files.write_outputs(res, out, report):
-                _log(f"wrote {path}")
+            (_tune if args.command == "tune" else _bench)(args, user, out, jobs)
     except (SpecError, ToolchainError, PluginUnavailable, OSError) as e:
         print(e if isinstance(e, SpecError) else f"error: {e}", file=sys.stderr)  # SpecError says "error:" itself
         return 2

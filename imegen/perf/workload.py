@@ -72,6 +72,7 @@ class Case:
     N: int
     K: int
     block: int
+    workload: str = "qwen"  # whose shape: the Qwen model's, or "shape" (`--shape NxK`); prefixes ident
 
     @property
     def mnk(self) -> tuple[int, int, int]:
@@ -83,7 +84,7 @@ class Case:
 
     @property
     def ident(self) -> str:
-        return f"qwen_{self.shape.replace('/', '_')}_m{self.M}_b{self.block}"
+        return f"{self.workload}_{self.shape.replace('/', '_')}_m{self.M}_b{self.block}"
 
 
 def cases(*, blocks=BLOCKS, ms=(DECODE_M, *PREFILL_M), only_shapes: tuple[str, ...] | None = None) -> list[Case]:
@@ -108,3 +109,14 @@ PUBLISHED = {
 PUBLISHED_PP512_TPS = 64.12  # llama.cpp Q4_0 pp512 tokens/s, same table
 PUBLISHED_TG128_TPS = 10.03  # llama.cpp Q4_0 tg128 tokens/s, same table (PUBLISHED in tokens/s)
 PUBLISHED_ORT_MS = 80.0  # an ms/token figure cited for ORT on K1 (Qwen2.5-0.5B int4); imegen found no public source for it
+
+
+def spec_cases(blocks, *, quick: bool = False, custom_shapes=None, ms=None) -> list[Case]:
+    """The cases of `bench --spec` / `tune --spec`: every block of the user's kernels x shape x M. Shapes:
+    custom_shapes ((N, K) pairs, named NxK), else the Qwen ones (--quick: q/o); ms: given, else decode
+    and the prefill M values (--quick: 1 and 128, as targets())."""
+    if ms is None:
+        ms = (DECODE_M, PREFILL_M[0]) if quick else (DECODE_M, *PREFILL_M)
+    if custom_shapes is None:
+        return cases(blocks=blocks, ms=ms, only_shapes=("q/o",) if quick else None)
+    return [Case(f"{N}x{K}", M, N, K, b, workload="shape") for b in blocks for N, K in custom_shapes for M in ms]

@@ -45,3 +45,12 @@ def write_outputs(res: BenchResult, out_dir: Path, text: str) -> list[Path]:
     if png:
         written.append(png)
     return written
+
+
+def write_spec_outputs(res: BenchResult, out_dir: Path, text: str) -> list[Path]:
+    """`bench --spec`: the report and bench.csv (the tuner's files, floors.txt, ort.csv and the plot are the
+    tuned kernels')."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench.txt").write_text(text + "\n")
+    (out_dir / "bench.csv").write_text(write_csv(res))
+    return [out_dir / "bench.txt", out_dir / "bench.csv"]

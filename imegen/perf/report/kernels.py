@@ -41,6 +41,13 @@ def dram_tie(best: Evaluation, other: Evaluation) -> bool:
     return a.bound == "dram" and b.bound == "dram" and abs(b.time_s / a.time_s - 1) < 0.02
 
 
+def speedup(mine: Evaluation, baseline: Evaluation) -> tuple[str, bool, float, float]:
+    """(the table cell, DRAM tie?, speedup on 4 cores, on 1 core): baseline modeled time / mine."""
+    r4, r1 = baseline.four_cores.time_s / mine.four_cores.time_s, baseline.one_core.time_s / mine.one_core.time_s
+    tie = dram_tie(mine, baseline)
+    return f"{r4:.2f}x{' (DRAM tie)' if tie else ''} | {r1:.2f}x", tie, r4, r1
+
+
 def ratio_table(res: BenchResult) -> tuple[str, list[str]]:
     """imegen's best as a speedup over each baseline, and notes on the cases it does not clearly win."""
     head = ["shape", "M", "block", "imegen config", "vs llama-4x16 (4c | 1c)", "vs rvv-fp32 (4c | 1c)"]
@@ -50,9 +57,8 @@ def ratio_table(res: BenchResult) -> tuple[str, list[str]]:
         cells = []
         for kind in KINDS[1:]:
             b = res.get(c, kind)
-            r4, r1 = b.four_cores.time_s / best.four_cores.time_s, b.one_core.time_s / best.one_core.time_s
-            tie = dram_tie(best, b)
-            cells.append(f"{r4:.2f}x{' (DRAM tie)' if tie else ''} | {r1:.2f}x")
+            cell, tie, r4, r1 = speedup(best, b)
+            cells.append(cell)
             if tie:
                 ties[kind].append((c, r1))
             elif r4 <= 1.0:
@@ -76,3 +82,22 @@ def ratio_table(res: BenchResult) -> tuple[str, list[str]]:
                      "and scale formats change are a small part, so once DRAM binds the kernels tie in this model.")
     notes += [f"baseline faster: {x}" for x in losses]
     return format_table(head, body, right={1, 2, 4, 5}), notes
+
+
+def kernel_tables(res: BenchResult) -> list[str]:
+    """The instruction-count and modeled-time tables of every row, with their headings."""
+    return ["Instruction counts (MEASURED under QEMU and extrapolated; one matmul call, whole shape, one core; millions; "
+            "'libc' = part of the total in libc/libm called by the kernel; 'vec MB' = bytes accessed by vector loads/stores):",
+            counts_table(res),
+            "",
+            "Modeled time (MODELED from the counts and bytes above):",
+            time_table(res)]
+
+
+def vtype_note(res: BenchResult) -> str:
+    """Whether the plugin decoded every vtype the rows ran under (a register-operand vsetvl it cannot)."""
+    unknown = [r for r in res.rows if r.ev.counts.get("vtype_unknown", 0)]
+    if not unknown:
+        return "vtype: every vector instruction ran under a vtype the plugin decoded (no register-operand vsetvl)."
+    return (f"WARNING: {len(unknown)} rows executed vsetvl with a register vtype; the plugin assumed "
+            "LMUL = 1 after it, so their vector occupancy is approximate.")

@@ -10,7 +10,7 @@ from ..model import x60
 from ..workload import QWEN25_05B
 from . import llama_cpp, onnxruntime
 from .goals import prefill_goal_text, scale_precision_text
-from .kernels import counts_table, ratio_table, time_table
+from .kernels import kernel_tables, ratio_table, vtype_note
 from .sensitivity import measured_text
 from .tokens import summary_text
 
@@ -33,22 +33,14 @@ def report(res: BenchResult, refused_note: bool = True) -> str:
         "METHOD: " + METHOD,
         model_text(),
         "",
-        "Instruction counts (MEASURED under QEMU and extrapolated; one matmul call, whole shape, one core; millions; "
-        "'libc' = part of the total in libc/libm called by the kernel; 'vec MB' = bytes accessed by vector loads/stores):",
-        counts_table(res),
-        "",
-        "Modeled time (MODELED from the counts and bytes above):",
-        time_table(res),
+        *kernel_tables(res),
         "",
         "imegen's best (tuned) config as a speedup over each baseline (baseline modeled time / imegen modeled time):",
         ratios,
     ]
     if not_beaten:
         parts += ["", "Where the tuned config does not clearly beat a baseline on 4 cores:", *("  " + n for n in not_beaten)]
-    unknown = [r for r in res.rows if r.ev.counts.get("vtype_unknown", 0)]
-    parts += ["", "vtype: every vector instruction ran under a vtype the plugin decoded (no register-operand vsetvl)."
-              if not unknown else f"WARNING: {len(unknown)} rows executed vsetvl with a register vtype; the plugin assumed "
-              "LMUL = 1 after it, so their vector occupancy is approximate."]
+    parts += ["", vtype_note(res)]
     if res.llama:
         parts += ["", "llama.cpp real (SpacemiT IME1 kernels from the llama-cpp-python " + LLAMA_CPP_VERSION + " sdist, "
                   "driven like ime.cpp, see imegen/perf/baselines/llama_cpp/): instructions MEASURED (millions, one call; "

@@ -31,18 +31,27 @@ def pick_measured(ev: Evaluation, cores: int) -> x60.Modeled:
     return ev.measured[1 if cores > 1 else 0]
 
 
+def step_seconds(res: BenchResult, block: int, kind: str, M: int, cores: int, lm_head_m: int | None = None,
+                 pick=pick_modeled) -> float | None:
+    """Seconds of one M-token step of the Qwen model's MatMulNBits on kind's kernels at block (the LM head
+    at lm_head_m rows if given: logits of the last token only); None without every shape at M."""
+    t = 0.0
+    for s in shapes():
+        m = lm_head_m if (s.name == "lm_head" and lm_head_m is not None) else M
+        c = next((c for c in res.cases if c.shape == s.name and c.M == m and c.block == block), None)
+        if c is None or not res.has(c, kind):
+            return None
+        t += s.per_token * pick(res.get(c, kind), cores).time_s
+    return t
+
+
 def token_summaries(res: BenchResult, p: x60.X60Params = x60.X60, pick=pick_modeled) -> list[TokenSummary]:
     if res.quick:
         return []
     out = []
     for b in sorted({c.block for c in res.cases}):
         def total(M: int, kind: str, cores: int, lm_head_m: int | None = None) -> float:
-            t = 0.0
-            for s in shapes():
-                m = lm_head_m if (s.name == "lm_head" and lm_head_m is not None) else M
-                c = next(c for c in res.cases if c.shape == s.name and c.M == m and c.block == b)
-                t += s.per_token * pick(res.get(c, kind), cores).time_s
-            return t
+            return step_seconds(res, b, kind, M, cores, lm_head_m, pick)
 
         decode = {k: total(DECODE_M, k, 4) * 1e3 for k in KINDS}
         decode1 = {k: total(DECODE_M, k, 1) * 1e3 for k in KINDS}

@@ -90,22 +90,39 @@ class TuneResult:
     refused: list[tuple[str, str]]  # (config name, validator message)
     evaluated: int
     by: str = RANKINGS[0]  # the cost it ranked by (Evaluation.times)
+    source: str | None = None  # `tune --spec`: the SPEC file whose kernels were ranked (no search)
 
-    def spec_file(self) -> str:
+    def _header(self) -> list[str]:
         how = {"model": "", "measured": " with LLVM's hardware-measured occupancies for the vector units",
                "robust": ", each config's slower of the model's and LLVM's hardware-measured vector occupancies"}[self.by]
-        lines = [f"# imegen tune: best IME config per Qwen2.5-0.5B MatMulNBits shape under the X60 cost model{how}",
-                 "# (modeled, not measured on hardware; see imegen/perf/model/x60.py). Regenerate with `imegen tune"
-                 + ("`." if self.by == RANKINGS[0] else f" --occupancy {self.by}`."), ""]
-        for case, e in self.best.items():
-            one, four = e.times(self.by)
-            lines.append(f"# {case.label}: N={case.N} K={case.K}; modeled {four.time_s * 1e3:.4f} ms on 4 cores, "
-                         f"{one.time_s * 1e3:.4f} ms on 1 core")
-            lines.append(spec_text(case.ident, settings_of(e.spec)))
-        return "\n".join(lines)
+        occupancy = "" if self.by == RANKINGS[0] else f" --occupancy {self.by}"
+        if self.source is None:
+            return [f"# imegen tune: best IME config per Qwen2.5-0.5B MatMulNBits shape under the X60 cost model{how}",
+                    f"# (modeled, not measured on hardware; see imegen/perf/model/x60.py). Regenerate with `imegen tune{occupancy}`.",
+                    ""]
+        return [f"# imegen tune --spec {self.source}{occupancy}: the best of its kernels per MatMulNBits shape under "
+                f"the X60 cost model{how}", "# (modeled, not measured on hardware; see imegen/perf/model/x60.py).", ""]
+
+    def _case_lines(self, case: Case, e: Evaluation) -> list[str]:
+        """The case's winner as a DSL kernel named for the case, after a comment with its modeled times (and,
+        ranking a SPEC's kernels, which one won and how every one ranked)."""
+        def ms(r: Evaluation) -> str:
+            one, four = r.times(self.by)
+            return f"{four.time_s * 1e3:.4f} | {one.time_s * 1e3:.4f} ms"
+
+        one, four = e.times(self.by)
+        lines = [f"# {case.label}: N={case.N} K={case.K}; modeled {four.time_s * 1e3:.4f} ms on 4 cores, "
+                 f"{one.time_s * 1e3:.4f} ms on 1 core" + (f" (kernel {e.spec.name})" if self.source else "")]
+        if self.source:
+            lines.append("#   ranked: " + ", ".join(f"{r.spec.name} {ms(r)}" for r in self.ranking[case]) + " (4 cores | 1 core)")
+        return lines + [spec_text(case.ident, settings_of(e.spec))]
+
+    def spec_file(self) -> str:
+        return "\n".join(self._header() + [line for case, e in self.best.items() for line in self._case_lines(case, e)])
 
     def to_json(self) -> dict:
         return {
+            **({"source": self.source} if self.source else {}),
             "ranked_by": self.by,
             "evaluated": self.evaluated,
             "refused": [{"config": n, "reason": r} for n, r in self.refused],
@@ -118,12 +135,37 @@ class TuneResult:
         }
 
 
+def _check_ranking(by: str) -> None:
+    if by not in RANKINGS:
+        raise ValueError(f"unknown ranking {by!r}: one of {', '.join(RANKINGS)}")
+
+
+def rank_case(results: dict[tuple[str, Case], Evaluation], case: Case, by: str) -> list[Evaluation]:
+    """Every evaluated config of case, best first (the module docstring's order)."""
+    ranked = sorted((e for (_, c), e in results.items() if c == case), key=lambda e: e.rank_key(by))
+    if not ranked:
+        return ranked
+    # 4-core times within TIE of the best are a tie in this model: the 1-core time decides.
+    cut = ranked[0].times(by)[1].time_s * (1 + TIE)
+    tied = [e for e in ranked if e.times(by)[1].time_s <= cut]
+    return sorted(tied, key=lambda e: (e.times(by)[0].time_s, e.rank_key(by))) + ranked[len(tied):]
+
+
+def rank(specs: list[KernelSpec], cases: list[Case], *, jobs: int = 1, log=None, by: str = RANKINGS[0],
+         source: str | None = None) -> TuneResult:
+    """`imegen tune --spec`: the given kernels, no search: each evaluated on the cases of its block and
+    ranked per case as search() ranks its candidates; every case needs a kernel of its block."""
+    _check_ranking(by)
+    results = evaluate(specs, cases, jobs=jobs, log=log)
+    ranks = {c: rank_case(results, c, by) for c in cases}
+    return TuneResult({c: ranks[c][0] for c in cases}, ranks, [], len(specs), by, source)
+
+
 def search(targets: list[Case], *, quick: bool = False, jobs: int = 1, log=None,
            candidates: dict[int, list[dict[str, object]]] | None = None, by: str = RANKINGS[0]) -> TuneResult:
     """Two-stage search; `candidates` (block -> settings) replaces stage 1 (used by tests); `by`: the
     cost that ranks the stage-1 leaders and the winners (RANKINGS)."""
-    if by not in RANKINGS:
-        raise ValueError(f"unknown ranking {by!r}: one of {', '.join(RANKINGS)}")
+    _check_ranking(by)
     refused: list[tuple[str, str]] = []
     seen: dict[str, KernelSpec] = {}
 
@@ -154,13 +196,7 @@ def search(targets: list[Case], *, quick: bool = False, jobs: int = 1, log=None,
     results = evaluate(first, targets, jobs=jobs, log=log)
 
     def ranking(case: Case) -> list[Evaluation]:
-        ranked = sorted((e for (_, c), e in results.items() if c == case), key=lambda e: e.rank_key(by))
-        if not ranked:
-            return ranked
-        # 4-core times within TIE of the best are a tie in this model: the 1-core time decides.
-        cut = ranked[0].times(by)[1].time_s * (1 + TIE)
-        tied = [e for e in ranked if e.times(by)[1].time_s <= cut]
-        return sorted(tied, key=lambda e: (e.times(by)[0].time_s, e.rank_key(by))) + ranked[len(tied):]
+        return rank_case(results, case, by)
 
     if candidates is None:
         top = [r.spec for c in targets for r in ranking(c)[:1 if quick else 2]]
