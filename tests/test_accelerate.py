@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from imegen import reference as ref
 from imegen.cli import main
 from imegen.ir import load_specs
+from imegen.plan import plan_kernel
 from imegen.ort import accelerate as acc
 from imegen.ort import customop
 from imegen.ort.serving import NodeNeeds, serve
@@ -207,9 +208,38 @@ def test_a_tuned_shape_takes_the_tuned_configs_with_its_zero_points(tmp_path, ca
     s = serve(specs, need(896, 896))
     kernels = by_name(specs)
     assert settings_of(kernels[s.gemv]) == {**tuned("q/o", 1, 32), "zero_point": "symmetric"}
-    assert settings_of(kernels[s.gemm[0][1]]) == {**tuned("q/o", 128, 32), "zero_point": "symmetric"}
+    # the M=128 winner packs B in panels of 8; the tuner tied it with panels of 16 (staged B: the panel does
+    # not change what runs), which pack B as the gemv does, so one copy of B serves both kernels
+    assert settings_of(kernels[s.gemm[0][1]]) == {**tuned("q/o", 128, 32), "zero_point": "symmetric", "panel": 16}
+    assert tuned("q/o", 128, 32)["panel"] == 8
     assert tuned("q/o", 128, 32) == tuned("q/o", 512, 32) and len(s.gemm) == 1
-    assert "tuned q/o 896x896 M=1 block=32, exact; with zero_point = symmetric" in comments(tmp_path / "out" / "model.imegen")
+    text = comments(tmp_path / "out" / "model.imegen")
+    assert "tuned q/o 896x896 M=1 block=32, exact; with zero_point = symmetric" in text
+    assert "tied with it within 1% under the model: panel = 16, which packs B as the M = 1 kernel does" in text
+    plans = [plan_kernel(kernels[s.gemv]), plan_kernel(kernels[s.gemm[0][1]])]
+    assert len(set(customop.layouts(plans).values())) == 1
+
+
+def test_asymmetric_gemv_and_gemm_keep_the_winners_when_no_tie_packs_alike(tmp_path, capsys, built):
+    """Asymmetric gemv kernels keep zero points two per byte and gemm kernels one: no tie can share their packed
+    B, so the gemm kernel stays the tuner's winner (two copies of B)."""
+    model = saved(chain(dict(N=896, K=896, block=32, symmetric=False)), tmp_path)
+    assert accelerate(capsys, model, "-o", tmp_path / "out")[0] == 0
+    specs = load_specs(tmp_path / "out" / "model.imegen")
+    s = serve(specs, need(896, 896, symmetric=False))
+    assert settings_of(by_name(specs)[s.gemm[0][1]]) == tuned("q/o", 128, 32)
+
+
+def test_config_names_read_back_into_the_settings_they_name():
+    """The tuner records its ties by config name only; ort-accelerate reads them back (round trip over every
+    name tune.json holds)."""
+    from imegen.perf.search.tune import config_name
+
+    for case in json.loads(TUNE_JSON.read_text())["cases"]:
+        base = {k: case["best"][k] for k in ("bits", "zero_point", "bias")}
+        for top in case["top"]:
+            assert config_name(acc.settings_from_config_name(top["config"], base)) == top["config"]
+        assert acc.settings_from_config_name(case["top"][0]["config"], base) == {"scale_type": "fp32", **case["best"]}
 
 
 def test_each_shape_gets_its_nearest_tuned_config(tmp_path, capsys, built):
@@ -225,7 +255,10 @@ def test_each_shape_gets_its_nearest_tuned_config(tmp_path, capsys, built):
     kernels = by_name(specs)
     s0, s1 = serve(specs, need(128, 128, block=64)), serve(specs, need(1024, 128, block=64))
     g0, g1 = kernels[s0.gemm[0][1]], kernels[s1.gemm[0][1]]
-    assert settings_of(g0) == {**kv, "zero_point": "symmetric"} and g0.shapes == ((128, 128),)
+    # k/v's 8x8 winner packs in panels of 8, and its tie in panels of 16 packs as the gemv does (taken);
+    # q/o's 8x12 winner has no such tie (12-column panels)
+    assert kv["panel"] == 8 and settings_of(g0) == {**kv, "zero_point": "symmetric", "panel": 16}
+    assert g0.shapes == ((128, 128),)
     assert settings_of(g1) == {**qo, "zero_point": "symmetric"} and g1.shapes == ((1024, 128),)
     assert s0.gemv == s1.gemv and kernels[s0.gemv].shapes == ((128, 128), (1024, 128))
     assert s0.fallback == s1.fallback

@@ -68,12 +68,44 @@ class TunedCase:
     M: int
     block: int
     settings: tuple[tuple[str, object], ...]  # the winner's DSL settings, as tune.json gives them
+    # Configs the tuner ranked within TIE of the winner on 4 cores and on 1 core (its top list): as good under
+    # the model, so derive() may take one that packs B like the shape's gemv kernel (one copy of B, not two).
+    ties: tuple[tuple[tuple[str, object], ...], ...] = ()
+
+
+TIE = 0.01  # the tuner's: relative modeled-time difference below which two configs count as tied
+FLAGS = {"fp16": ("scale_type", "fp16"), "staged": ("stage_b", "m_block"), "spreadreg": ("spread", "per_register"),
+         "a16": ("a_scale_type", "fp16")}
+
+
+def settings_from_config_name(name: str, base: dict[str, object]) -> dict[str, object]:
+    """A config of the tuner's name (perf tune.config_name) back into DSL settings; `base` supplies what the
+    name leaves out (bits, zero points, bias: the tuner searches 4-bit asymmetric, no bias)."""
+    parts = name.split("_")
+    target, compute, op = parts[:3]
+    rest = parts[3:]
+    vlen = {"vlen": int(rest.pop(0)[1:])} if rest[0].startswith("v") and rest[0][1:].isdigit() else {}
+    tile, k, unpack, panel, scales, block, *flags = rest
+    out = {**base, "op": op, "compute": compute, "target": target, **vlen, "tile": tile, "k_unroll": int(k[1:]),
+           "unpack": {"pl": "planar", "in": "interleaved"}[unpack], "panel": int(panel[1:]),
+           "scales": {"inl": "inline", "sep": "separate"}[scales], "block": int(block[1:]), "scale_type": "fp32"}
+    out.update(dict(FLAGS[f] for f in flags))
+    return out
+
+
+def _ties(case: dict) -> list[dict[str, object]]:
+    best = case["top"][0] if case.get("top") else None
+    if best is None:
+        return []
+    base = {k: case["best"][k] for k in ("bits", "zero_point", "bias")}
+    return [settings_from_config_name(t["config"], base) for t in case["top"][1:]
+            if t["ms_4_cores"] <= best["ms_4_cores"] * (1 + TIE) and t["ms_1_core"] <= best["ms_1_core"] * (1 + TIE)]
 
 
 def compact_tuning_table(tune_json: dict) -> dict:
-    """bench/results/tune.json -> what ort-accelerate needs of it: each case's winner (no rankings)."""
+    """bench/results/tune.json -> what ort-accelerate needs of it: each case's winner and its ties."""
     cases = [{"shape": c["case"].split(" ")[0], "N": c["N"], "K": c["K"], "M": c["M"], "block": c["block"],
-              "best": c["best"]} for c in tune_json["cases"]]
+              "best": c["best"], "ties": _ties(c)} for c in tune_json["cases"]]
     return {"from": TUNE_JSON, "ranked_by": tune_json["ranked_by"], "cases": cases}
 
 
@@ -88,7 +120,8 @@ def write_tuning_table(tune_json_path: Path | str = TUNE_JSON) -> Path:
 
 def tuning_table(path: Path = TUNING_TABLE) -> list[TunedCase]:
     data = json.loads(path.read_text())
-    return [TunedCase(c["shape"], c["N"], c["K"], c["M"], c["block"], tuple(sorted(c["best"].items())))
+    return [TunedCase(c["shape"], c["N"], c["K"], c["M"], c["block"], tuple(sorted(c["best"].items())),
+                      tuple(tuple(sorted(s.items())) for s in c.get("ties", ())))
             for c in data["cases"]]
 
 
@@ -218,10 +251,32 @@ def _nearest_block(blocks: set[int], block: int) -> int:
     return min(sorted(blocks), key=lambda b: abs(math.log2(b / block)))
 
 
-def tuned_config(table: list[TunedCase], group: Group, N: int, K: int, role: str) -> Config:
+def _packing(settings: dict[str, object]) -> tuple | None:
+    """customop.packing of a config (None if the validator refuses it): equal means one packed copy of B."""
+    from ..plan import plan_kernel
+    from .customop import packing
+
+    got = _validate(settings)
+    return None if isinstance(got, SpecError) else packing(plan_kernel(got))
+
+
+def _packing_like(case: TunedCase, group: Group, op: str, like: Config) -> dict[str, object] | None:
+    """A config the tuner tied with `case`'s winner that packs B as `like` does, with the node's quantization."""
+    want = _packing(dict(like.settings))
+    for tie in case.ties:
+        settings = {**dict(tie), **group.quantization()}
+        if settings["op"] == op and want is not None and _packing(settings) == want:
+            return settings
+    return None
+
+
+def tuned_config(table: list[TunedCase], group: Group, N: int, K: int, role: str, *,
+                 pack_like: Config | None = None) -> Config:
     """The tuning table's winner for (N, K, block, M of role), else the nearest tuned shape at the nearest
     tuned block, with the node's bits, zero points, bias and block; ort-check's built-in IME settings when
-    the validator refuses that (or the table has nothing for the role)."""
+    the validator refuses that (or the table has nothing for the role). `pack_like`: where the winner packs B
+    otherwise and a config the tuner tied with it packs B like that one, take the tie (one copy of B serves
+    both kernels)."""
     op = "gemv" if role == "m1" else "gemm"
     rows = [c for c in table if c.M == TUNED_M[role]]
     if not rows:
@@ -240,6 +295,12 @@ def tuned_config(table: list[TunedCase], group: Group, N: int, K: int, role: str
         return _builtin_config(group, op, f"{where}: refused: {got.message}")
     if got.op != op:
         return _builtin_config(group, op, f"{where} is op {got.op}, not {op}")
+    if pack_like is not None and _packing(settings) != _packing(dict(pack_like.settings)):
+        tie = _packing_like(best, group, op, pack_like)
+        if tie is not None:
+            changed = ", ".join(f"{k} = {v}" for k, v in sorted(tie.items()) if settings.get(k) != v)
+            return Config(tuple(sorted(tie.items())), f"{where}; tied with it within {TIE:.0%} under the model: "
+                          f"{changed}, which packs B as the M = 1 kernel does (one copy of B for both)")
     return Config(tuple(sorted(settings.items())), where)
 
 
@@ -260,7 +321,8 @@ def roles_for(group: Group, table: list[TunedCase], N: int, K: int) -> dict[str,
     """The configs serving one shape of a group: role (m1, m2, m256, fallback) -> config."""
     if group.compute == "fp32":
         return {"m1": fp32_config(group, "m1"), "m2": fp32_config(group, "m2")}
-    roles = {r: tuned_config(table, group, N, K, r) for r in ("m1", "m2", "m256")}
+    roles = {"m1": tuned_config(table, group, N, K, "m1")}
+    roles.update({r: tuned_config(table, group, N, K, r, pack_like=roles["m1"]) for r in ("m2", "m256")})
     if roles["m256"].settings == roles["m2"].settings:
         del roles["m256"]
     roles["fallback"] = fallback_config(group)
