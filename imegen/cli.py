@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     om.add_argument("--ort", default="1.21", choices=["1.21"])
     om.add_argument("--full", action="store_true", help="the whole gtest grid (default: the CI filter)")
     om.add_argument("--vlen", type=int, default=256)
-    from .perf.cli import COMMANDS as PERF_COMMANDS, add_perf_commands, run_perf_command  # bench, tune
+    from .perf.cli import COMMANDS as PERF_COMMANDS, add_perf_commands  # bench, tune, floors: their arguments only
     add_perf_commands(sub)
     from .ort.commands import COMMANDS as ORT_COMMANDS, add_commands as add_ort_commands, run_command as run_ort_command
     add_ort_commands(sub)  # ort-library, ort-rewrite, ort-model-check
@@ -321,8 +321,10 @@ def main(argv: list[str] | None = None) -> int:
                "ort-check": cmd_ort_check, "outputs": cmd_outputs, "cmake-snippet": cmd_cmake_snippet,
                "qwen-model": qwen.run_command, "ort-patch": cmd_ort_patch, "ort-mlas-test": cmd_ort_mlas_test}
     try:
-        run = (run_perf_command if args.command in PERF_COMMANDS else run_ort_command if args.command in ORT_COMMANDS
-               else handler[args.command])
+        if args.command in PERF_COMMANDS:  # imported to run one: it loads the whole bench (baselines, reports, numpy)
+            from .perf.commands import run_perf_command as run
+        else:
+            run = run_ort_command if args.command in ORT_COMMANDS else handler[args.command]
         code = run(args)
         sys.stdout.flush()  # here, so that a closed pipe is caught below and not at interpreter exit
         return code
