@@ -6,4 +6,5 @@
   search/     kernel configs through the DSL's validator, their evaluation, the tile-config tuner
   baselines/  what imegen is compared with (DSL baselines, llama.cpp's real kernels, real onnxruntime)
   report/     the bench's tables, text, CSV and plot
-workload.py is the Qwen2.5-0.5B workload and its cases, bench.py runs a bench, cli.py the commands."""
+workload.py is the Qwen2.5-0.5B workload and its cases, user_kernels.py a user's SPEC for --spec, bench.py
+runs a bench; cli.py and arguments.py are the commands' arguments, commands.py runs them."""
