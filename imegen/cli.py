@@ -187,7 +187,7 @@ def explain(plan: KernelPlan) -> str:
                      + (f" (the validator's lower bound; the allocation uses v0-v{len(plan.ime.clobbers) - 1})"
                         if plan.ime and len(plan.ime.clobbers) > sum(plan.budget.values()) else ""))
     if plan.rvv:
-        lines.append(f"  rvv types   accumulators {plan.rvv.f32} (LMUL {plan.rvv.lmul}), B codes {plan.rvv.u8}; needs VLEN >= {s.vlen}")
+        lines.append(f"  rvv types   accumulators {plan.rvv.types.f32} (LMUL {plan.rvv.lmul}), B codes {plan.rvv.types.u8}; needs VLEN >= {s.vlen}")
     if plan.ime:
         I = plan.ime
         regs = ", ".join(f"v{vd}-v{vd + 1}" for row in I.acc_regs for vd in row)

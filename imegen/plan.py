@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from . import targets
 from .ir import register_budget
 from .spec import KernelSpec
-from .targets.base import Target
+from .targets.base import Target, byte_row_k_pair, default_zero_point
 
 # M blocking: the rows of A's workspace one pass over all N tiles reuses stay within 3/4 of the K1's
 # 512 KB cluster L2, so A is read from L2 (and the packed B streamed once per M block) instead of A
@@ -76,7 +76,7 @@ class KernelPlan:
     a_tail_pad: int  # extra workspace bytes read past the last row (IME gemv loads 32 bytes)
     budget: dict
     target: Target
-    rvv: object | None = None  # target rvv's part (targets.rvv.types.RvvTypes)
+    rvv: object | None = None  # target rvv's part (targets.rvv.kernel.RvvPlan)
     ime: object | None = None  # target ime's part (targets.ime.asm.ImePlan)
     a_block_bytes: int = A_BLOCK_BYTES
     forced_k_chunks: int = 0  # 0: each call picks its K chunks (k_chunks()); n: always n (counting runs)
@@ -143,24 +143,16 @@ def _pack_layout(spec: KernelSpec, target: Target) -> PackLayout:
     return PackLayout(np_, data_bytes, inline, scale_bytes, zp_bytes, byte, shift, nibbles, spec.tile_n if nibbles else 0)
 
 
-def _k_pair(spec: KernelSpec) -> tuple[str, str]:
-    if spec.bits == 8:
-        return "kp", ""
-    if spec.unpack == "planar":
-        return "(kp / 8) * 16 + kp % 8", "(kp / 8) * 16 + kp % 8 + 8"
-    return "2 * kp", "2 * kp + 1"
-
-
 def plan_kernel(spec: KernelSpec) -> KernelPlan:
     target = targets.of(spec)
-    k_lo, k_hi = _k_pair(spec)
+    k_lo, k_hi = byte_row_k_pair(spec)
     a_index, rows_pad, tail = target.a_index(spec)
     pack = _pack_layout(spec, target)
     parts = {target.plan_part: target.lower(spec, pack)} if target.plan_part else {}
     return KernelPlan(
         spec=spec,
         pack=pack,
-        zp_default=0 if spec.zero_point == "blksum" else 1 << (spec.bits - 1),
+        zp_default=default_zero_point(spec),
         k_lo=k_lo,
         k_hi=k_hi,
         a_index=a_index,

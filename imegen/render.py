@@ -14,7 +14,6 @@ from .abi import mlas as mlas_abi
 from .names import dispatch_files, kernel_files
 from .paths import shipped
 from .plan import KernelPlan
-from .targets.rvv.types import vector_type
 
 TEMPLATES = shipped("templates")
 
@@ -22,8 +21,8 @@ TEMPLATES = shipped("templates")
 @lru_cache(maxsize=1)
 def env() -> jinja2.Environment:
     """The Jinja2 environment of every template imegen renders (kernels, dispatches, the custom-op
-    library's kernel table, ORT patch hunks): strict about undefined names, the vtype filter, and the
-    version and templates hash the provenance headers show."""
+    library's kernel table, ORT patch hunks): strict about undefined names, with the version and
+    templates hash the provenance headers show and imegen's status codes."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
         undefined=jinja2.StrictUndefined,
@@ -31,7 +30,6 @@ def env() -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    env.filters["vtype"] = vector_type
     env.globals["version"] = __version__
     env.globals["templates_hash"] = templates_hash()
     env.globals["status"] = imegen_abi.STATUS

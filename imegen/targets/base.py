@@ -48,6 +48,21 @@ def byte_row_codes(spec: KernelSpec) -> tuple[str, str]:
     return f"(kk / 2) * {np_} + c", "(kk % 2) * 4"
 
 
+def byte_row_k_pair(spec: KernelSpec) -> tuple[str, str]:
+    """The k of each nibble plane of byte row kp in that layout: (first, second) as C expressions in kp
+    (8-bit: one plane, second "")."""
+    if spec.bits == 8:
+        return "kp", ""
+    if spec.unpack == "planar":
+        return "(kp / 8) * 16 + kp % 8", "(kp / 8) * 16 + kp % 8 + 8"
+    return "2 * kp", "2 * kp + 1"
+
+
+def default_zero_point(spec: KernelSpec) -> int:
+    """The zero point of B codes stored without one: 2^(bits-1), or 0 for MLAS's signed 8-bit codes (blksum)."""
+    return 0 if spec.zero_point == "blksum" else 1 << (spec.bits - 1)
+
+
 @dataclass(frozen=True)
 class Target:
     """A code-generation target. Subclasses (one per package under imegen/targets/) override the

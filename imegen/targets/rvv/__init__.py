@@ -1,5 +1,5 @@
 """target rvv: RVV 1.0 intrinsics (clang), VLEN-agnostic from the spec's vlen up: each tile row keeps
-its TN columns in one register group (see types.py for the types and intrinsic names)."""
+its TN columns in one register group (kernel.py spells its statements, intrinsics included)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ...spec import KernelSpec
 from ..base import Refuse, Target, lmul_for, refuse_k_step
-from .types import rvv_types
+from .kernel import rvv_plan
 
 DEFAULT_VLEN = 128  # the least VLEN RVV 1.0's V extension requires of an application processor
 MAX_LMUL = 8
@@ -40,7 +40,7 @@ class RvvTarget(Target):
         return (f"return __riscv_vsetvlmax_e8m1() >= {spec.vlen // 8}; /* VLEN >= {spec.vlen}: spec vlen is the least it accepts */",)
 
     def lower(self, spec: KernelSpec, pack):
-        return rvv_types(spec)
+        return rvv_plan(spec)
 
 
 TARGET = RvvTarget(name="rvv", title="RVV", micro_template="micro_rvv.c.j2", march="rv64gcv", compilers=("clang",),
