@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from imegen.check import refusal_row, check_kernel, make_cases
+from imegen import targets
+from imegen.check import refusal_row, check_kernel, make_cases, vlens_for
 from imegen.errors import SpecError
 from imegen.ir import specs_from_text
 from imegen.plan import plan_kernel
@@ -24,10 +25,13 @@ from imegen.verify import build, compare, compilers_for, run_cases
 
 @st.composite
 def kernel_specs(draw, target=None):
-    target = target or draw(st.sampled_from(["scalar", "rvv", "ime"]))
-    compute = "int8" if target == "ime" else draw(st.sampled_from(["fp32", "int8"]))
+    """Valid specs of one target (any, by default): settings drawn from what the target accepts, steered
+    towards its own tile rules and options (vmadot's 4-row and 4-column tiles; the options only it offers)."""
+    target = target or draw(st.sampled_from(targets.NAMES))
+    t = targets.get(target)
+    compute = draw(st.sampled_from(t.computes))
     op = draw(st.sampled_from(["gemm", "gemv"]))
-    if target == "ime":
+    if t.needs_ime:
         tm = 1 if op == "gemv" else draw(st.sampled_from([4, 8]))
         tn = draw(st.sampled_from([4, 8, 16]))
     else:
@@ -42,11 +46,11 @@ def kernel_specs(draw, target=None):
         "panel": tn * draw(st.sampled_from([1, 2])), "scales": draw(st.sampled_from(["inline", "separate"])),
         "scale_type": draw(st.sampled_from(["fp32", "fp16"])) if compute == "int8" else "fp32",
     }
-    if target == "rvv":
+    if t.vector and t.only_vlen is None:  # a minimum VLEN of the kernel's choosing
         settings["vlen"] = draw(st.sampled_from([128, 256]))
-    if target == "ime" and op == "gemv" and settings["scale_type"] == "fp16":
+    if "a_scale_type" in t.options and op == "gemv" and settings["scale_type"] == "fp16":
         settings["a_scale_type"] = draw(st.sampled_from(["fp32", "fp16"]))
-    if target == "ime" and tm in (4, 8) and tn == 8 and settings["k_unroll"] == 2 and settings["bits"] == 4:
+    if "stage_b" in t.options and tm in (4, 8) and tn == 8 and settings["k_unroll"] == 2 and settings["bits"] == 4:
         settings["stage_b"] = draw(st.sampled_from(["tile", "m_block"]))
         if op == "gemm" and settings["stage_b"] == "m_block" and settings["scale_type"] == "fp16" and draw(st.booleans()):
             settings["a_scale_type"] = "fp16"
@@ -82,21 +86,15 @@ def _run_one(spec, data, vlen, *, host=False):
     assert c.ok, f"{spec.describe()} M,N,K={M},{N},{K} exact={exact} vlen={vlen}: {c.message}"
 
 
-@given(st.data())
-def test_scalar_kernels_match_numpy_natively(data):
-    _run_one(data.draw(kernel_specs("scalar")), data, None, host=True)
-
-
-@given(st.data())
-def test_rvv_kernels_match_numpy_under_qemu(data):
-    spec = data.draw(kernel_specs("rvv"))
-    vlen = data.draw(st.sampled_from([v for v in (128, 256, 512) if v >= spec.vlen]))
-    _run_one(spec, data, vlen)
-
-
-@given(st.data())
-def test_ime_kernels_match_numpy_under_qemu(data):
-    _run_one(data.draw(kernel_specs("ime")), data, 256)
+@pytest.mark.parametrize("target", targets.NAMES)
+@given(data=st.data())
+def test_kernels_match_numpy(target, data):
+    """Every target's kernels against NumPy: portable C natively, vector kernels under QEMU at a VLEN they accept."""
+    spec = data.draw(kernel_specs(target))
+    if targets.get(target).host_build:
+        _run_one(spec, data, None, host=True)
+    else:
+        _run_one(spec, data, data.draw(st.sampled_from(vlens_for(plan_kernel(spec)))))
 
 
 def test_example_spec_checks_with_both_compilers():
@@ -219,11 +217,11 @@ def test_a_nan_or_inf_in_a_reaches_its_row_of_c(settings):
             assert np.array_equal(r.C[:M - 1], ok.C[:M - 1]), (compiler, value)
 
 
-@pytest.mark.parametrize("target", ["scalar", "rvv", "ime"])
+@pytest.mark.parametrize("target", targets.NAMES)
 def test_a_wrong_layout_is_caught(target):
     """The harness can fail: a kernel whose packer puts nibbles in the wrong place must not pass."""
-    extra = "compute = int8" if target != "rvv" else "compute = fp32"
-    spec = specs_from_text(f"kernel broken {{ target = {target}  {extra}  tile = 4x8  panel = 8 }}")[0]
+    compute = {"rvv": "fp32"}.get(target, "int8")  # one of the three computes in fp32
+    spec = specs_from_text(f"kernel broken {{ target = {target}  compute = {compute}  tile = 4x8  panel = 8 }}")[0]
     plan = plan_kernel(spec)
     wrong = dataclasses.replace(plan, pack=dataclasses.replace(plan.pack, shift="4 - (" + plan.pack.shift + ")"))
     case = make_cases(plan, np.random.default_rng(1), [(5, 9, 70)], exact=True)[0]

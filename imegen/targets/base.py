@@ -74,6 +74,7 @@ class Target:
     march: str  # -march its kernel sources are compiled with
     compilers: tuple[str, ...]  # the cross compilers that can build it (verify.compilers_for)
     vector: bool  # uses vector registers: VLEN matters (runs, refusals), RVV helpers where the compiler has them
+    computes: tuple[str, ...] = ("fp32", "int8")  # the DSL's `compute` values it accepts
     host_build: bool = False  # portable C: also built and checked natively, as the reference build
     # executes SpacemiT IME instructions (vmadot): runs only on IME harts; test builds link the emulator QEMU
     # needs for them (runtime/ime_emu.c)

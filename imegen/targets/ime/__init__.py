@@ -20,7 +20,7 @@ class ImeTarget(Target):
         return None
 
     def validate(self, spec: KernelSpec, refuse: Refuse) -> KernelSpec:
-        if spec.compute != "int8":
+        if spec.compute not in self.computes:
             refuse("compute", "vmadot multiplies int8 operands; target ime needs compute = int8 (use rvv or scalar for fp32)")
         if spec.vlen not in (None, rules.IME_VLEN):
             refuse("vlen", f"IME's 4x8x4 vmadot tile exists only at VLEN={rules.IME_VLEN} (K1), not {spec.vlen}")
@@ -71,6 +71,7 @@ class ImeTarget(Target):
 
 TARGET = ImeTarget(
     name="ime", title="IME", micro_template="micro_ime.c.j2", march="rv64gcv", compilers=("clang", "gcc"), vector=True,
+    computes=("int8",),
     needs_ime=True, plan_part="ime", only_vlen=rules.IME_VLEN,
     options={"stage_b": rules.staged_b_refusal, "spread": rules.spread_refusal, "a_scale_type": rules.a_fp16_refusal},
     fallback_refusal="a fallback kernel runs where no IME hart is reachable, so its target must be rvv or scalar")
