@@ -85,7 +85,7 @@ def cmd_cmake_snippet(args) -> int:
     if args.spec:
         load_specs(args.spec)  # a missing or invalid spec is an error now, not at build time
     module = Path(__file__).resolve().parent / "cmake" / "imegen.cmake"
-    print(f"""# imegen: generate MatMulNBits kernels at build time (see README, "ONNX Runtime integration")
+    print(f"""# imegen: generate MatMulNBits kernels at build time (see docs/onnxruntime.md, "ONNX Runtime integration (MLAS)")
 include("{module}")
 imegen_generate(onnxruntime_mlas SPEC "{Path(args.spec).resolve() if args.spec else '${{IMEGEN_SPEC}}'}")""")
     return 0

@@ -281,7 +281,7 @@ def test_defaults_apply_and_kernels_override():
 
 
 def test_defaults_apply_to_the_kernels_after_them():
-    """A later defaults block replaces the keys it sets for the kernels after it (README, The DSL)."""
+    """A later defaults block replaces the keys it sets for the kernels after it (docs/dsl.md)."""
     text = (kernel(name="first") + DEFAULTS + kernel(name="second") + "defaults {\n  block = 32\n}\n"
             + kernel(name="third"))
     first, second, third = specs_from_text(text, FILE)

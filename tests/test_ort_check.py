@@ -150,7 +150,7 @@ def test_x86_a_quantization_is_reported():
     v = oc.compare_to_ort(kernel, oc.run_ort(A, qw, None, 4), 4, A=A, qw=qw, bias=None)  # ORT: 0.0
     # On this adversarial input (a rounding tie at a_scale 1) one A code moves the output by 1.0, beyond
     # ORT's level-4 tolerance: a FAIL, and the row names the cause.  On ORT's N(0, 0.25) data such a
-    # code shifts an output by ~1e-3 (README, "Conformance against onnxruntime").
+    # code shifts an output by ~1e-3 (docs/onnxruntime.md, "Conformance against onnxruntime").
     assert not v.ok and v.max_abs == 1.0
     assert v.a_codes_differ == 1 and v.err_where_differ == 1.0 and "x86 A-quant: 1 A codes differ" in v.note
 
@@ -190,7 +190,7 @@ def test_fast_subset_passes(fast_run):
     for spec in suite.specs:
         n = len(suite.shapes_for(spec)) * (2 if spec.target == "rvv" else 1)
         assert sum(r.kernel == spec.name for r in rows) == n > 0
-    # measured margins: fp32 within 0.7 of ORT's tolerance, int8 ~1e-4 of it (see README)
+    # measured margins: fp32 within 0.7 of ORT's tolerance, int8 ~1e-4 of it (see docs/onnxruntime.md)
     assert max(r.verdict.worst for r in rows if r.compute == "fp32") < 0.9
     assert max(r.verdict.worst for r in rows if r.compute == "int8") < 1e-3
     assert all(c.within_bound for c in suite.ort_self)
@@ -246,7 +246,7 @@ def test_spec_file_kernels(tmp_path, capsys):
 
 @needs_ort
 def test_orts_fp32_tolerance_is_not_k_safe():
-    """Why ort-check falls back to 2 x forward_error_bound for level 0 (README): at test_sqnbitgemm's
+    """Why ort-check falls back to 2 x forward_error_bound for level 0 (docs/onnxruntime.md): at test_sqnbitgemm's
     K = 2131, ORT's operator-test tolerance 1e-5 + 1e-4|y| is not met by a correct fp32 kernel.
     Minimal case from ORT's own data: (M, N, K) = (11, 527, 2131), block 128, 8-bit asymmetric, bias,
     row 10, column 134, where bias and A.W nearly cancel (y = 3.6e-4).  The plain sequential dot

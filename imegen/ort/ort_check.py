@@ -12,7 +12,7 @@ and compares kernel output to ORT output with ORT's operator-test tolerances:
 If an fp32 element is outside ORT's tolerance but inside 2 x reference.forward_error_bound (the
 K-dependent a-priori bound: kernel and ORT each within it of the exact result), it passes and the
 row says so ("K-bound").  ORT's level-0 tolerance is not K-safe: at test_sqnbitgemm's K = 2131
-ORT's own output reaches 0.99 of it, and a plain sequential fp32 dot exceeds it (README; the
+ORT's own output reaches 0.99 of it, and a plain sequential fp32 dot exceeds it (docs/onnxruntime.md; the
 minimal case is tests/test_ort_check.py::test_orts_fp32_tolerance_is_not_k_safe).
 
 x86 onnxruntime quantizes A for accuracy_level 4 with 127/amax and round-half-even, while imegen's
