@@ -10,7 +10,7 @@ import jinja2
 from . import __version__, cache
 from .errors import SpecError
 from .abi import imegen as imegen_abi
-from .abi import mlas as mlas_abi
+from .abi import mlas
 from .names import dispatch_files, kernel_files
 from .paths import shipped
 from .plan import KernelPlan
@@ -62,13 +62,13 @@ def render_driver(plan: KernelPlan, spec_file: str) -> str:
     return _render("driver.c.j2", plan, spec_file)
 
 
-def render_dispatch(d: mlas_abi.DispatchPlan, spec_file: str) -> dict[str, str]:
+def render_dispatch(d: mlas.DispatchPlan, spec_file: str) -> dict[str, str]:
     """The MLAS dispatch for a spec's abi=mlas kernels: C routing, its header, and ORT's C++ glue."""
     ctx = dict(
-        d=d, spec_file=_shown_name(spec_file), entries=mlas_abi.ENTRIES, E={e.member: e for e in mlas_abi.ENTRIES},
-        fp32=mlas_abi.COMPUTE_FP32, int8=mlas_abi.COMPUTE_INT8, slack=mlas_abi.WORKSPACE_SLACK,
-        alignment=mlas_abi.WORKSPACE_ALIGNMENT, blksum_alignment=mlas_abi.BLKSUM_ALIGNMENT,
-        blksum_columns=mlas_abi.BLKSUM_COLUMNS,
+        d=d, spec_file=_shown_name(spec_file), entries=mlas.ENTRIES, E={e.member: e for e in mlas.ENTRIES},
+        fp32=mlas.COMPUTE_FP32, int8=mlas.COMPUTE_INT8, slack=mlas.WORKSPACE_SLACK,
+        alignment=mlas.WORKSPACE_ALIGNMENT, blksum_alignment=mlas.BLKSUM_ALIGNMENT,
+        blksum_columns=mlas.BLKSUM_COLUMNS,
     )
     names = dispatch_files(d.prefix)
     templates = ("dispatch.h.j2", "dispatch.c.j2", "mlas_dispatch.cpp.j2")
@@ -80,11 +80,11 @@ def march_for(plan: KernelPlan) -> str:
     return plan.target.march
 
 
-def render_spec(plans: list[KernelPlan], spec_file: str, ort: str = mlas_abi.DEFAULT_PIN) -> dict[str, str]:
+def render_spec(plans: list[KernelPlan], spec_file: str, ort: str = mlas.DEFAULT_PIN) -> dict[str, str]:
     """Every file `imegen generate` writes for a spec: each kernel's .c/.h, plus the MLAS dispatch
     (its glue for ORT pin `ort`) when the spec has abi=mlas kernels."""
     parts = [render_kernel(plan, spec_file) for plan in plans]
-    dispatch = mlas_abi.plan_dispatch(plans, spec_file, ort)
+    dispatch = mlas.plan_dispatch(plans, spec_file, ort)
     if dispatch:
         parts.append(render_dispatch(dispatch, spec_file))
     files: dict[str, str] = {}

@@ -1,7 +1,7 @@
 /* Driver for tests/test_ime_emulator.py: runs real vmadot words under the SIGILL emulator.
  *
  * The test generates "ime_variants.h" (on the include path) with the asm that carries the
- * .word encodings, so the words come from imegen.ime_encoding and not from this file:
+ * .word encodings, so the words come from imegen.targets.ime.encoding and not from this file:
  *   N_VARIANTS, variants[]  : load C/A/B into fixed registers, execute one vmadot, store C
  *   N_PROBES, probes[]      : set a vtype, execute one raw word (may be illegal)
  *   vtype_probe(r)          : r = {vl, vtype} before and after one vmadot
