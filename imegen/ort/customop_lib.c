@@ -319,8 +319,11 @@ static OrtStatus *check_hart(const struct node *n, const kernel_t *k) {
                 n->name, k->name, k->vlen);
 }
 
+/* The node's copy of B packed for `layout`, or NULL. Runs may read n_packs while a fallback slice appends
+ * its copy (under n->lock): the release store in pack() publishes the entry before the count. */
 static void **packed_slices(struct node *n, int layout) {
-    for (size_t i = 0; i < n->n_packs; i++)
+    const size_t count = __atomic_load_n(&n->n_packs, __ATOMIC_ACQUIRE);
+    for (size_t i = 0; i < count; i++)
         if (n->packs[i].layout == layout) return n->packs[i].slice;
     return NULL;
 }
@@ -350,7 +353,7 @@ static OrtStatus *pack(struct node *n, const kernel_t *k) {
                   p->slice[i]);
     }
     p->layout = k->layout;
-    n->n_packs++;
+    __atomic_store_n(&n->n_packs, n->n_packs + 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
