@@ -1,0 +1,90 @@
+"""A K1 user's path end to end, on the models people have: `imegen ort-accelerate MODEL -o OUT`, then
+`imegen ort-model-check OUT/model.imegen MODEL --seq 5 --past 7` in Debian's real riscv64 onnxruntime 1.23
+under QEMU (stock ORT against ORT + the library, IME emulated).
+
+Models: onnxruntime-genai's layout (tests/genai_layout.py, node for node as the real exports in
+tests/data/genai: fused q/k/v, symmetric int4 at blocks 32 and 128, GroupQueryAttention with its rotary
+caches, SkipSimplifiedLayerNormalization, the lm_head sharing its weights with a GatherBlockQuantized
+embedding), one real export, onnxruntime's own MatMulNBitsQuantizer at its defaults (block 128,
+accuracy_level unset), 8-bit, and float16 (refused: kept in ORT with the reason). Every float32 node must
+be served, the check must pass, and each node's calls must be on the kernels its report line names.
+"""
+
+from pathlib import Path
+
+import onnx
+import pytest
+
+import genai_layout as gl
+from imegen.cli import main
+from imegen.ir import load_specs
+from imegen.ort.customop import parse_stats
+from imegen.ort.model_check import model_check
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL_B32 = ROOT / "tests" / "data" / "genai" / "qwen2_tiny_int4_b32" / "model.onnx"
+
+
+def accelerate(capsys, model: Path, out: Path) -> tuple[int, list[str]]:
+    code = main(["ort-accelerate", str(model), "-o", str(out), "--flavour", "qemu"])
+    return code, capsys.readouterr().out.splitlines()
+
+
+def kernels_named(lines: list[str]) -> set[str]:
+    """The kernels the report says the served nodes run (M=1 and M>1, not the fallback)."""
+    names = set()
+    for line in lines:
+        if line.startswith("served "):
+            route = line.split("): ", 1)[1].split(", no IME hart: ")[0]
+            names |= {part.split(" ")[1] for part in route.split(", ")}
+    return names
+
+
+def save(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("make, nodes", [
+    (lambda p: gl.save_genai_model(p / "genai_b32.onnx"), 11),
+    (lambda p: gl.save_genai_model(p / "genai_b128.onnx", block=128), 11),
+    (lambda p: REAL_B32, 11),
+], ids=["genai-layout-b32", "genai-layout-b128", "real-genai-export-b32"])
+def test_a_decoder_export_is_served_whole_and_checks_out(tmp_path, capsys, make, nodes):
+    model = make(tmp_path)
+    code, lines = accelerate(capsys, model, tmp_path / "out")
+    assert code == 0 and lines[-1].startswith(f"{nodes} of {nodes} MatMulNBits nodes served"), lines[-3:]
+    check = model_check(load_specs(tmp_path / "out" / "model.imegen"), model, seq=5, past=7)
+    assert check.ok, check.report()
+    ran = {k for k, v in check.stats.items() if k in check.kernels and v}
+    assert ran == kernels_named(lines), (ran, check.report())  # prefill on the gemm kernels, decode on the gemv
+    assert check.stats["vmadots"] > 0
+
+
+def test_ort_quantizer_defaults_run_on_rvv_fp32(tmp_path, capsys):
+    """MatMulNBitsQuantizer's defaults: block 128 and no accuracy_level (0: fp32 in ORT), so RVV fp32
+    kernels serve it and the check holds it to ORT's fp32 tolerance."""
+    model = save(gl.ort_quantizer_model(), tmp_path / "q.onnx")
+    code, lines = accelerate(capsys, model, tmp_path / "out")
+    assert code == 0, lines
+    assert all("block 128" in l and "level 0" in l for l in lines if l.startswith("served "))
+    check = model_check(load_specs(tmp_path / "out" / "model.imegen"), model)
+    assert check.ok and check.level == 0, check.report()
+    assert "vmadots" not in check.stats or check.stats["vmadots"] == 0
+
+
+def test_an_8_bit_model_runs_on_ime(tmp_path, capsys):
+    model = save(gl.eight_bit_model(), tmp_path / "q8.onnx")
+    code, lines = accelerate(capsys, model, tmp_path / "out")
+    assert code == 0 and any("8-bit" in l for l in lines), lines
+    check = model_check(load_specs(tmp_path / "out" / "model.imegen"), model, version="1.23")
+    assert check.ok, check.report()
+    assert check.stats["vmadots"] > 0
+
+
+def test_a_float16_model_is_kept_with_the_reason_and_exits_3(tmp_path, capsys):
+    model = save(gl.float16_model(), tmp_path / "f16.onnx")
+    code, lines = accelerate(capsys, model, tmp_path / "out")
+    assert code == 3
+    assert any(l.startswith("kept ") and "T is float16" in l for l in lines), lines
+    assert lines[-1].startswith("0 of 2 MatMulNBits nodes served; 2 kept (2 T is float16")
