@@ -9,31 +9,6 @@
 
 #ifndef _GNU_SOURCE
 #error "define _GNU_SOURCE before any include: harts.h needs cpu_set_t"
-/* The IME harts a /proc/cpuinfo text names, into *set; returns how many harts reported a marchid (0: none
- * did, e.g. under QEMU, so the text says nothing about IME). */
-static inline int imegen_harts_from_cpuinfo(FILE *f, cpu_set_t *set) {
-    char line[256];
-    long hart = -1;
-    int reported = 0, x60_first = 0, x60 = 0, harts = 0;
-    CPU_ZERO(set);
-    while (fgets(line, sizeof line, f)) {
-        char *colon = strchr(line, ':');
-        if (!colon) continue;
-        if (!strncmp(line, "processor", 9)) {
-            hart = strtol(colon + 1, NULL, 10), harts++;
-        } else if (!strncmp(line, "marchid", 7) && hart >= 0 && hart < CPU_SETSIZE) {
-            const unsigned long long id = strtoull(colon + 1, NULL, 16);
-            reported++;
-            if (id == IMEGEN_MARCHID_A60) CPU_SET(hart, set);
-            x60 += id == IMEGEN_MARCHID_X60;
-            x60_first += id == IMEGEN_MARCHID_X60 && hart < IMEGEN_K1_IME_HARTS;
-        }
-    }
-    if (harts == IMEGEN_K1_HARTS && x60 == IMEGEN_K1_HARTS && x60_first == IMEGEN_K1_IME_HARTS)
-        for (int h = 0; h < IMEGEN_K1_IME_HARTS; h++) CPU_SET(h, set); /* a K1: X60 x 8, IME on cores 0-3 */
-    return reported;
-}
-
 #endif
 #include <sched.h>
 #include <stdio.h>
