@@ -6,9 +6,14 @@ exports in tests/data/genai/, and those exports themselves when present). A deco
 prefill step (M = seq rows: the gemm kernel) and a decode step (M = 1: the gemv kernel) fed back the
 prefill's KV cache; greedy decoding must give the same tokens on both sides; a model none of whose
 MatMulNBits nodes the spec serves must fail (exit 1), not pass with nothing checked.
+
+At level 4 the host's onnxruntime (x86_64, whose level 4 computes in int8 as imegen does) runs the same
+steps as the peer: an output beyond ORT's per-operator tolerance passes when it is no further from stock
+than the peer's own, and an imegen output made wrong on purpose must still fail.
 """
 
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +46,10 @@ def spec(tmp_path_factory):
 
 
 def check_cli(capsys, *args) -> tuple[int, str]:
-    code = main(["ort-model-check", *map(str, args)])
+    try:
+        code = main(["ort-model-check", *map(str, args)])
+    except SystemExit as e:  # argparse refusing an argument
+        code = e.code
     captured = capsys.readouterr()
     return code, captured.out + captured.err
 
@@ -160,6 +168,116 @@ def test_genai_layout_prefill_and_decode(tmp_path, spec, capsys):
     assert (ran["q4_gemm"], ran["q4_gemv"]) == (NODES, NODES)  # every node: once at M = 5, once at M = 1
 
 
+def _host_run(model: Path, feeds: dict, level: int) -> np.ndarray:
+    """The model's logits in the host's onnxruntime, its MatMulNBits at accuracy `level`."""
+    import onnxruntime as ort
+
+    m = onnx.load(str(model))
+    for node in m.graph.node:
+        for a in node.attribute:
+            if a.name == "accuracy_level":
+                a.i = level
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0]
+
+
+def test_the_peer_is_the_hosts_int8_level_4(tmp_path, spec):
+    """The three numbers per output are imegen vs stock, the peer vs stock and their ratio, where the peer is
+    the host onnxruntime's level 4 on the same feeds: its prefill logits, recomputed here, give the reported
+    max |diff| exactly; it is int8 (its fp32 level 0 is 1000x closer to stock); imegen, int8 too, deviates
+    like it."""
+    from imegen.ort.riscv import RiscvSession
+
+    model = gl.save_genai_model(tmp_path / "model.onnx")
+    check = mc.model_check(imegen.load_spec(SPEC), model, spec_file=spec, seq=5, past=7)
+    assert check.ok, check.report()
+    assert check.peer.startswith("onnxruntime ") and not check.peer_note
+    logits = next(o for o in check.steps[0].outputs if o.name == "logits")
+    m = onnx.load(str(model))
+    feeds = mc.prefill_feeds(m, mc.find_decoder(m), 5, 7, 0, {})
+    with RiscvSession(model) as stock_session:
+        stock = stock_session.run(feeds)["logits"].astype(np.float64)
+    int8, fp32 = (np.abs(_host_run(model, feeds, level) - stock).max() for level in (4, 0))
+    assert logits.peer.max_abs == pytest.approx(int8, rel=1e-6)
+    assert int8 > 1000 * fp32 and int8 > 0.01
+    assert logits.ratios[0] == pytest.approx(logits.max_abs / int8, rel=1e-6)
+    assert 0.5 < logits.ratios[0] < 1.5 and 0.5 < logits.ratios[1] < 1.5
+    line = next(l for l in check.report().splitlines() if l.lstrip().startswith("logits"))
+    assert f"{logits.max_abs:.3g} ({logits.worst:.3f})" in line and f"{int8:.3g} ({logits.peer.worst:.3f})" in line
+    assert f"{logits.ratios[0]:.2f}" in line and line.endswith("PASS")
+    assert "ORT's own level-4 deviation" in check.report()
+
+
+def large_logits_model(monkeypatch, path: Path) -> Path:
+    """The builder's model with every weight scale near 1 (logits up to ~100): int8 rounding then takes the
+    peer's own logits to ~4x ORT's per-operator tolerance from fp32 stock."""
+    with monkeypatch.context() as m:
+        m.setattr(gl, "EMBED_STD", 1.0)
+        m.setattr(gl, "PROJ_GAIN", 1.0)
+        return gl.save_genai_model(path)
+
+
+@pytest.fixture
+def large_logits(monkeypatch, tmp_path):
+    return large_logits_model(monkeypatch, tmp_path / "large.onnx")
+
+
+def test_beyond_tolerance_as_the_peer_passes(spec, capsys, large_logits):
+    code, out = check_cli(capsys, spec, large_logits)
+    assert code == 0, out
+    line = next(l for l in out.splitlines() if l.lstrip().startswith("logits"))
+    worst, theirs = map(float, re.findall(r"\((\d+\.\d+)\)", line))
+    assert worst > 2 and theirs > 2  # both sides well beyond the per-operator tolerance
+    assert line.endswith("PASS (beyond tolerance, as the peer's level 4)")
+
+
+def test_without_the_host_onnxruntime_the_tolerance_alone_decides(spec, capsys, large_logits, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` raises ImportError
+    code, out = check_cli(capsys, spec, large_logits)
+    assert code == 1, out
+    assert "no peer: the host's onnxruntime is not importable" in out and "judged by the tolerance alone" in out
+    assert "peer vs stock" not in out and out.rstrip().endswith("FAIL")
+
+
+def _spoil_imegen(monkeypatch, change):
+    """Make the imegen side's logits wrong after every run: `change` edits them in place."""
+    run = mc._Sides.run
+
+    def spoiled(self, *feeds):
+        stock, mine, theirs = run(self, *feeds)
+        change(mine["logits"])
+        return stock, mine, theirs
+
+    monkeypatch.setattr(mc._Sides, "run", spoiled)
+
+
+@pytest.mark.parametrize("model, error", [("default", 0.5), ("large logits", 2.0)])
+def test_one_wrong_element_fails(spec, capsys, monkeypatch, tmp_path, model, error):
+    """One logit off by `error`: beyond the tolerance, and several times the peer's largest deviation (the
+    default model's ~0.04, the large one's ~0.5, where the tolerance lets more through)."""
+    path = tmp_path / "model.onnx"
+    large_logits_model(monkeypatch, path) if model == "large logits" else gl.save_genai_model(path)
+    _spoil_imegen(monkeypatch, lambda y: y.reshape(-1).__setitem__(3, y.reshape(-1)[3] + error))
+    code, out = check_cli(capsys, spec, path)
+    assert code == 1, out
+    line = next(l for l in out.splitlines() if l.lstrip().startswith("logits"))
+    assert line.endswith("FAIL (beyond tolerance and further from stock than the peer)")
+    assert float(line.split()[5]) > mc.PEER_MAX_FACTOR  # imegen/peer max |diff|
+
+
+def test_a_small_error_everywhere_fails(spec, capsys, monkeypatch, large_logits):
+    """Every logit off by 0.4, below the peer's largest deviation: the max |diff| stays within the factor, the
+    RMS diff does not."""
+    _spoil_imegen(monkeypatch, lambda y: y.__iadd__(np.float32(0.4)))
+    code, out = check_cli(capsys, spec, large_logits)
+    assert code == 1, out
+    line = next(l for l in out.splitlines() if l.lstrip().startswith("logits"))
+    ratio_max, ratio_rms = map(float, line.split()[5:7])
+    assert ratio_max <= mc.PEER_MAX_FACTOR < ratio_rms
+    assert "FAIL (beyond tolerance and further from stock than the peer)" in line
+
+
 @pytest.mark.parametrize("name", ["qwen2_tiny_int4_b32", "qwen2_tiny_int4_b32_untied"])
 def test_real_genai_export_prefill_and_decode(spec, capsys, name):
     code, out = check_cli(capsys, spec, real(name))
@@ -180,6 +298,7 @@ def test_greedy_decoding_gives_identical_tokens(tmp_path, spec, capsys):
     assert len(check.steps) == 9  # prefill + 8 decode steps: the 8th token is fed and compared too
     assert check.stats["q4_gemv"] == 8 * NODES and check.stats["q4_gemm"] == NODES
     assert "greedy tokens (8)" in check.report() and "identical" in check.report()
+    assert check.peer_generated == stock  # a clear winner at every step: the peer's level 4 picks it too
 
 
 # ------------------------------------------------------------------------------------------ nothing to check
@@ -226,6 +345,52 @@ def test_moved_nodes_that_never_called_a_kernel_fail():
     assert not check.ok and "never called an imegen kernel" in check.report()
 
 
+def test_a_near_tie_is_reported():
+    ok = (mc.OutputAgreement("logits", 0.01, 0.1, True, 10),)
+    # imegen and the peer both leave stock's token 2: a failure still, named a near-tie
+    tie = _check([mc.Step("prefill", ok, (3, 3), 3), mc.Step("decode 1", ok, (4, 9), 9)], 2)
+    assert not tie.ok
+    assert "DIFFER at token 2 (a near-tie: the peer's level 4 leaves stock's token there too)" in tie.report()
+    # only the peer leaves it: imegen agrees with stock, and the report says where the peer differs
+    peer_only = _check([mc.Step("prefill", ok, (3, 3), 3), mc.Step("decode 1", ok, (4, 4), 7),
+                        mc.Step("decode 2", ok, (5, 5), 5)], 2)
+    assert peer_only.ok and "peer [3, 7]  differs from stock at token 2" in peer_only.report()
+    # imegen alone differs
+    alone = _check([mc.Step("prefill", ok, (3, 3), 3), mc.Step("decode 1", ok, (4, 9), 4)], 2)
+    assert not alone.ok and "near-tie" not in alone.report()
+
+
+def _deviations(seed=0, n=20000):
+    """Stock logits of size ~30, and two int8-like sides: independent noise of the same size on each."""
+    rng = np.random.default_rng(seed)
+    stock = rng.normal(0, 30, n).astype(np.float32)
+    return stock, stock + rng.normal(0, 0.1, n).astype(np.float32), stock + rng.normal(0, 0.1, n).astype(np.float32)
+
+
+def test_the_peer_criterion_on_known_deviations():
+    """compare_outputs on arrays with known deviations: noise like the peer's passes beyond the tolerance;
+    one element 3x the peer's largest deviation fails (max |diff|); a deviation everywhere just below the
+    peer's largest fails (RMS); without the peer only the tolerance counts; a NaN fails."""
+    stock, mine, theirs = _deviations()
+
+    def judge(y, peer=theirs):
+        return mc.compare_outputs({"y": stock}, {"y": y}, 4, None if peer is None else {"y": peer})[0]
+
+    like = judge(mine)
+    assert not like.within_tolerance and like.ok and 0.8 < like.ratios[0] < 1.25 and 0.95 < like.ratios[1] < 1.05
+    assert not judge(mine, peer=None).ok
+    one = mine.copy()
+    one[123] = stock[123] + 3 * np.abs(theirs - stock).max()
+    assert not judge(one).ok and judge(one).ratios[0] > mc.PEER_MAX_FACTOR
+    everywhere = judge(stock + 0.9 * np.abs(theirs - stock).max() * np.sign(mine - stock))
+    assert not everywhere.ok and everywhere.ratios[0] < 1 and everywhere.ratios[1] > 2 * mc.PEER_RMS_FACTOR
+    nan = mine.copy()
+    nan[7] = np.nan
+    assert not judge(nan).ok
+    # within the tolerance: a pass, whatever the peer did
+    assert judge(stock + np.float32(0.05), peer=stock).ok
+
+
 def test_an_output_beyond_tolerance_fails():
     bad = (mc.OutputAgreement("present.0.key", 0.5, 3.0, False, 10),)
     check = _check([mc.Step("prefill", bad, (1, 1))])
@@ -235,12 +400,19 @@ def test_an_output_beyond_tolerance_fails():
 @pytest.mark.parametrize("args, message", [
     (["--dim", "sequence_length=3"], "--dim sequence_length: a decoder's sequence lengths come from --seq and --past"),
     (["--dim", "batch_size=2"], "--dim batch_size: a decoder is checked at batch 1"),
-    (["--seq", "0"], "need seq >= 1"),
 ])
 def test_user_errors(tmp_path, spec, capsys, args, message):
     model = gl.save_genai_model(tmp_path / "model.onnx")
     code, out = check_cli(capsys, spec, model, *args)
     assert code == 2 and f"error: {message}" in out
+
+
+@pytest.mark.parametrize("option", [dict(seq=0), dict(past=-1), dict(generate=-1)])
+def test_step_counts_are_checked(tmp_path, spec, option):
+    """The API checks what the command line's argument types check too."""
+    model = gl.save_genai_model(tmp_path / "model.onnx")
+    with pytest.raises(mc.ModelCheckError, match="need seq >= 1, past >= 0, generate >= 0"):
+        mc.model_check(imegen.load_spec(SPEC), model, spec_file=spec, **option)
 
 
 def test_generate_needs_a_decoder(tmp_path, spec, capsys):
