@@ -1,4 +1,5 @@
-"""imegen command line: generate, check, list, explain."""
+"""imegen's command line: build_parser() (every command's arguments; `imegen --help` lists them by group) and
+main(), which runs one and turns its errors into one line and an exit status."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ import argparse
 import importlib.util
 import os
 import sys
+import textwrap
 import time
 from collections import Counter
 from pathlib import Path
 
+from . import __version__, cli_types
 from .check import check_dispatch, check_kernel, checked_cases, format_table, stderr_log
 from .errors import SpecError
+from .cli_types import add_command
 from .ir import load_specs
 from .abi.mlas import DEFAULT_PIN, PINS, plan_dispatch
 from .plan import KernelPlan, plan_kernel
@@ -63,8 +67,8 @@ def _only(plans: list[KernelPlan], spec: str, only: list[str] | None) -> list[Ke
 def cmd_generate(args) -> int:
     plans = _plans(args.spec)
     chosen = _only(plans, args.spec, args.kernel)
-    files = render_spec(chosen, args.spec, args.ort)
-    all_names = set(files) if chosen == plans else set(render_spec(plans, args.spec, args.ort))
+    files = render_spec(chosen, args.spec, args.mlas_pin)
+    all_names = set(files) if chosen == plans else set(render_spec(plans, args.spec, args.mlas_pin))
     # Every file is written before anything is printed: a closed stdout (`| head`) cannot stop it half way.
     report = write_outputs(Path(args.output), args.spec, files, all_names)
     for line in report:
@@ -76,7 +80,7 @@ def cmd_outputs(args) -> int:
     """File names `generate` writes, each with the -march its .c needs (for build systems)."""
     plans = _plans(args.spec)
     march = {f"{p.name}.c": march_for(p) for p in plans}
-    for name in render_spec(plans, args.spec, args.ort):
+    for name in render_spec(plans, args.spec, args.mlas_pin):
         print(f"{name}\t{march.get(name, 'rv64gc' if name.endswith('.c') else '')}".rstrip())
     return 0
 
@@ -95,11 +99,11 @@ def cmd_ort_patch(args) -> int:
     """Write the unified diff that hooks imegen into a real ORT tree (default: Debian's, fetched)."""
     from .ort import ort_tree
 
-    if args.ort not in ort_tree.SOURCES and not (args.tree and args.output):
-        raise OrtTreeError(f"--ort {args.ort}: imegen fetches no tree for it; give your checkout and -o FILE")
-    tree = Path(args.tree) if args.tree else ort_tree.pristine_tree(args.ort)
-    out = Path(args.output) if args.output else ort_tree.committed_patch_path(args.ort)
-    changed = write_if_changed(out, ort_tree.make_patch(tree, args.ort))
+    if args.mlas_pin not in ort_tree.SOURCES and not (args.tree and args.output):
+        raise OrtTreeError(f"--mlas-pin {args.mlas_pin}: imegen fetches no tree for it; give your checkout and -o FILE")
+    tree = Path(args.tree) if args.tree else ort_tree.pristine_tree(args.mlas_pin)
+    out = Path(args.output) if args.output else ort_tree.committed_patch_path(args.mlas_pin)
+    changed = write_if_changed(out, ort_tree.make_patch(tree, args.mlas_pin))
     print(f"{'wrote' if changed else 'unchanged'} {out}")
     return 0
 
@@ -110,9 +114,9 @@ def cmd_ort_mlas_test(args) -> int:
     from .ort import ort_tree
 
     spec = Path(args.spec)
-    exe = ort_tree.build_mlas_test(args.ort, spec)
+    exe = ort_tree.build_mlas_test(args.ort_version, spec)
     flt = None if args.full else ort_tree.CI_FILTER
-    print(f"ORT {args.ort} onnxruntime_mlas_test, spec {spec}, gtest filter {flt or '(none: the full grid)'}, QEMU VLEN {args.vlen}")
+    print(f"ORT {args.ort_version} onnxruntime_mlas_test, spec {spec}, gtest filter {flt or '(none: the full grid)'}, QEMU VLEN {args.vlen}")
     failed = False
     for label, off in (("imegen dispatch", False), ("baseline (IMEGEN_MLAS_DISABLE=1)", True)):
         ort_tree.log(f"running {label}")
@@ -254,69 +258,116 @@ def cmd_ort_check(args) -> int:
     return 1 if failed else 0
 
 
-def _count(low: int):
-    """argparse type: an integer >= low (a seed for NumPy, a number of jobs)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-    return parse
+# `imegen --help`: every command once, in groups in the order a user meets them.
+OVERVIEW = ("imegen generates the kernels behind ONNX Runtime's MatMulNBits (int4/int8 LLM matmuls) for RISC-V: "
+            "SpacemiT K1 IME (vmadot), RVV 1.0 and portable C, from a small tiling DSL; checks them against NumPy "
+            "and onnxruntime under QEMU; and puts them into a stock ONNX Runtime as a custom-op library.")
+GROUPS = (
+    ("a model on a K1", ("ort-accelerate", "ort-model-check", "ort-library", "ort-rewrite")),
+    ("kernels from a spec (docs/dsl.md)", ("generate", "check", "list", "explain", "ort-check")),
+    ("ONNX Runtime builds (the MLAS patch)", ("ort-patch", "ort-mlas-test", "cmake-snippet", "outputs")),
+    ("models", ("qwen-model",)),
+    ("performance (the X60 cost model: times MODELED, not measured on a K1)", ("bench", "tune", "floors")),
+)
+SPEC_HELP = "the kernel spec (.imegen file)"
 
 
-def _folder(text: str) -> str:
-    """argparse type: a non-empty folder name (an empty one would mean the current folder)."""
-    if not text:
-        raise argparse.ArgumentTypeError("is empty; name the folder to write into (e.g. -o generated)")
-    return text
+def _overview(commands: dict[str, argparse.ArgumentParser]) -> str:
+    """The top-level description: OVERVIEW, then each group's commands with their one-line summaries."""
+    width = max(map(len, commands)) + 4
+    lines = [textwrap.fill(OVERVIEW, 100), ""]
+    for title, names in GROUPS:
+        lines.append(f"{title}:")
+        for name in names:
+            lines += textwrap.wrap(commands[name].description, 100, initial_indent=f"  {name:<{width - 2}}",
+                                   subsequent_indent=" " * width)
+        lines.append("")
+    lines.append("`imegen COMMAND --help` shows a command's arguments (docs/commands.md: what each command does).")
+    return "\n".join(lines)
+
+
+def _add_kernel_commands(sub) -> None:
+    """generate, check, list, explain, ort-check: a spec's kernels."""
+    g = add_command(sub, "generate", "write each kernel's .c and .h")
+    g.add_argument("-o", "--output", type=cli_types.folder, default="generated", metavar="DIR",
+                   help="folder to write into (default generated)")
+    _add_mlas_pin(g)
+    c = add_command(sub, "check", "generate, compile, run under QEMU, compare to NumPy")
+    c.add_argument("--seed", type=cli_types.seed, default=0, help="seed of the random test data (default 0)")
+    lst = add_command(sub, "list", "one line per kernel")
+    e = add_command(sub, "explain", "show the lowered plan: layouts, registers, instruction mix")
+    for p in (g, c, lst, e):
+        p.add_argument("spec", help=SPEC_HELP)
+    for p in (g, c, e):
+        p.add_argument("-k", "--kernel", action="append", metavar="NAME", help="only this kernel (repeatable)")
+    o = add_command(sub, "ort-check", "conformance against onnxruntime: ORT's shapes, quantizer and tolerances")
+    o.add_argument("spec", nargs="?", help="kernels to check (default: a built-in set covering every target)")
+    o.add_argument("--full", action="store_true", help="ORT's whole shape grid (default: the fast CI subset)")
+    o.add_argument("-j", "--jobs", type=cli_types.jobs, default=None,
+                   help="parallel builds/QEMU runs, at least 1 (default: CPU count)")
+    o.add_argument("-k", "--kernel", action="append", metavar="NAME", help="only this kernel of SPEC (repeatable)")
+
+
+def _add_mlas_pin(p: argparse.ArgumentParser, default: str = DEFAULT_PIN, help: str | None = None) -> None:
+    """--mlas-pin: the ORT version whose MLAS ABI (MLAS_QNBIT_GEMM_DISPATCH) the glue is written for."""
+    pin = p.add_argument("--mlas-pin", default=default, choices=sorted(PINS), help=help or (
+        f"the ORT version whose MLAS dispatch ABI the glue of abi=mlas kernels is written for (default {default}; "
+        "imegen/abi/mlas.py)"))
+    cli_types.add_renamed(p, "--ort", pin)
+
+
+def _add_ort_build_commands(sub) -> None:
+    """ort-patch, ort-mlas-test, cmake-snippet, outputs: imegen built into ORT's MLAS."""
+    op = add_command(sub, "ort-patch", "write the patch hooking imegen into a real ORT source tree")
+    op.add_argument("tree", nargs="?", help="pristine ORT tree (default: Debian's onnxruntime source, fetched and cached)")
+    _add_mlas_pin(op, "1.21", "1.21 (Debian's tree, fetched; the patch CI applies) or main (your checkout; untested "
+                  "anchors)")
+    op.add_argument("-o", "--output", metavar="FILE",
+                    help="the patch file to write (default examples/ort/onnxruntime-<version>-imegen.patch)")
+    om = add_command(sub, "ort-mlas-test", "ORT's own MLAS QNBitGemm unit tests with imegen's dispatch, under QEMU")
+    om.add_argument("spec", help="the kernel spec (.imegen) whose abi=mlas kernels MLAS dispatches to")
+    version = om.add_argument("--ort-version", default="1.21", choices=["1.21"],
+                              help="the ORT source tree MLAS and its tests are built from (Debian's 1.21.0)")
+    cli_types.add_renamed(om, "--ort", version)
+    om.add_argument("--full", action="store_true", help="the whole gtest grid (default: the CI filter)")
+    om.add_argument("--vlen", type=cli_types.vlen, choices=cli_types.VLENS, default=256,
+                    help="QEMU's VLEN (default 256, the K1's; IME kernels run only there)")
+    cs = add_command(sub, "cmake-snippet", "print the CMake lines that hook imegen into a build")
+    cs.add_argument("spec", nargs="?", help=f"{SPEC_HELP}, checked now (default: ${{IMEGEN_SPEC}} in the lines)")
+    out = add_command(sub, "outputs", "list generated files and their -march (for build systems)")
+    out.add_argument("spec", help=SPEC_HELP)
+    _add_mlas_pin(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """imegen's whole command line (parsing only: each command imports what it runs when it runs)."""
+    parser = argparse.ArgumentParser(prog="imegen", usage="imegen [-h] [--version] COMMAND ...",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"imegen {__version__}",
+                        help="print imegen's version and exit")
+    # The overview lists the commands (grouped); argparse's own flat list would repeat it.
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", prog="imegen",
+                                help=argparse.SUPPRESS)
+    from .ort import qwen
+    from .ort.commands import add_commands as add_ort_commands
+    from .perf.cli import add_perf_commands  # bench, tune, floors: their arguments only
+
+    add_ort_commands(sub)  # ort-accelerate, ort-model-check, ort-library, ort-rewrite
+    _add_kernel_commands(sub)
+    _add_ort_build_commands(sub)
+    qwen.add_arguments(add_command(sub, "qwen-model", "write a Qwen2.5-0.5B-architecture ONNX model (random weights, "
+                                   "MatMulNBits via onnxruntime's quantizer)"))
+    add_perf_commands(sub)
+    parser.description = _overview(sub.choices)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="imegen", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="write each kernel's .c and .h")
-    g.add_argument("spec")
-    g.add_argument("-o", "--output", type=_folder, default="generated")
-    g.add_argument("--ort", default=DEFAULT_PIN, choices=sorted(PINS),
-                   help=f"ORT version the MLAS glue is pinned to (default {DEFAULT_PIN}; see imegen/abi/mlas.py)")
-    c = sub.add_parser("check", help="generate, compile, run under QEMU, compare to NumPy")
-    c.add_argument("spec")
-    c.add_argument("--seed", type=_count(0), default=0)
-    sub.add_parser("list", help="one line per kernel").add_argument("spec")
-    e = sub.add_parser("explain", help="show the lowered plan: layouts, registers, instruction mix")
-    e.add_argument("spec")
-    for p in (g, c, e):
-        p.add_argument("-k", "--kernel", action="append", help="only this kernel (repeatable)")
-    out = sub.add_parser("outputs", help="list generated files and their -march (for build systems)")
-    out.add_argument("spec")
-    out.add_argument("--ort", default=DEFAULT_PIN, choices=sorted(PINS))
-    sub.add_parser("cmake-snippet", help="print the CMake lines that hook imegen into a build").add_argument("spec", nargs="?")
-    o = sub.add_parser("ort-check", help="conformance against onnxruntime: ORT's shapes, quantizer and tolerances")
-    o.add_argument("spec", nargs="?", help="kernels to check (default: a built-in set covering every target)")
-    o.add_argument("--full", action="store_true", help="ORT's whole shape grid (default: the fast CI subset)")
-    o.add_argument("-j", "--jobs", type=_count(1), default=None, help="parallel builds/QEMU runs (default: CPU count)")
-    o.add_argument("-k", "--kernel", action="append", help="only this kernel of SPEC (repeatable)")
+    args = build_parser().parse_args(argv)
     from .ort import qwen
-    qwen.add_arguments(sub.add_parser("qwen-model", help="write a Qwen2.5-0.5B-architecture ONNX model (random weights, "
-                                      "MatMulNBits via onnxruntime's quantizer)"))
-    op = sub.add_parser("ort-patch", help="write the patch hooking imegen into a real ORT source tree")
-    op.add_argument("tree", nargs="?", help="pristine ORT tree (default: Debian's onnxruntime source, fetched and cached)")
-    op.add_argument("--ort", default="1.21", choices=sorted(PINS),
-                    help="1.21 (Debian's tree, fetched; the patch CI applies) or main (your checkout; untested anchors)")
-    op.add_argument("-o", "--output", help="default examples/ort/onnxruntime-<version>-imegen.patch")
-    om = sub.add_parser("ort-mlas-test", help="ORT's own MLAS QNBitGemm unit tests with imegen's dispatch, under QEMU")
-    om.add_argument("spec")
-    om.add_argument("--ort", default="1.21", choices=["1.21"])
-    om.add_argument("--full", action="store_true", help="the whole gtest grid (default: the CI filter)")
-    om.add_argument("--vlen", type=int, default=256)
-    from .perf.cli import COMMANDS as PERF_COMMANDS, add_perf_commands  # bench, tune, floors: their arguments only
-    add_perf_commands(sub)
-    from .ort.commands import COMMANDS as ORT_COMMANDS, add_commands as add_ort_commands, run_command as run_ort_command
-    add_ort_commands(sub)  # ort-library, ort-rewrite, ort-model-check
-    args = parser.parse_args(argv)
+    from .ort.commands import COMMANDS as ORT_COMMANDS, run_command as run_ort_command
+    from .perf.cli import COMMANDS as PERF_COMMANDS
+
     handler = {"generate": cmd_generate, "check": cmd_check, "list": cmd_list, "explain": cmd_explain,
                "ort-check": cmd_ort_check, "outputs": cmd_outputs, "cmake-snippet": cmd_cmake_snippet,
                "qwen-model": qwen.run_command, "ort-patch": cmd_ort_patch, "ort-mlas-test": cmd_ort_mlas_test}

@@ -34,6 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..cli_types import add_command
 from ..errors import SpecError
 from ..ir import _CHOICES, DIM_RANGE, KernelSpec, load_specs, specs_from_text
 from .serving import COMPUTE_FOR_LEVEL, NodeNeeds, Serving, refusal, serve
@@ -737,15 +738,16 @@ def notes(decisions, lowered: set[int], opts: Options) -> list[str]:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("ort-accelerate", help="rewrite an int4/int8 ONNX model for a K1 and build its custom-op library, "
-                       "kernels chosen per node shape (no spec needed)")
-    p.add_argument("model")
+    p = add_command(sub, "ort-accelerate", "rewrite an int4/int8 ONNX model for a K1 and build its custom-op library, "
+                    "kernels chosen per node shape (no spec needed)")
+    p.add_argument("model", help="the ONNX model (int4/int8 MatMulNBits nodes, e.g. onnxruntime-genai's int4 export)")
     p.add_argument("-o", "--output", required=True, metavar="OUT_DIR",
                    help="folder for model.onnx, libimegen_ort.so, model.imegen and report.txt")
     p.add_argument("--target", choices=TARGETS, default="k1", help="the board (k1; k3 is not yet supported)")
     p.add_argument("--flavour", choices=("hardware", "qemu"), default="hardware",
                    help="hardware (a K1; default) or qemu (IME emulated; for QEMU only)")
-    p.add_argument("--spec", help="use this spec's kernels instead of deriving them (e.g. an edited OUT_DIR/model.imegen)")
+    p.add_argument("--spec", metavar="SPEC",
+                   help="use this spec's kernels instead of deriving them (e.g. an edited OUT_DIR/model.imegen)")
     p.add_argument("--compute", choices=("fp32", "int8"), default=None,
                    help="default: by accuracy_level (4: int8 on IME; 0-3: fp32 on RVV). int8 runs every node on "
                         "IME (changes levels 0-3's numerics to ORT's level-4 tolerance); fp32 every node on RVV fp32")

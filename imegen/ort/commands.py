@@ -1,11 +1,14 @@
-"""The stock-ORT commands: `imegen ort-library`, `imegen ort-rewrite`, `imegen ort-model-check`, `imegen ort-accelerate`."""
+"""The stock-ORT commands: `imegen ort-accelerate`, `imegen ort-model-check`, `imegen ort-library`, `imegen ort-rewrite`."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-COMMANDS = ("ort-library", "ort-rewrite", "ort-model-check", "ort-accelerate")
+from .. import cli_types
+from .sysroot import RELEASES as ORT_RELEASES  # Debian's riscv64 onnxruntime packages ort-model-check runs in
+
+COMMANDS = ("ort-accelerate", "ort-model-check", "ort-library", "ort-rewrite")
 
 
 class UsageError(Exception):
@@ -13,36 +16,41 @@ class UsageError(Exception):
 
 
 def add_commands(sub) -> None:
+    """ort-accelerate first (the one a model's owner needs), then the check and the two steps it is made of."""
     from .accelerate import add_parser as add_accelerate
 
-    lib = sub.add_parser("ort-library", help="build the ORT custom-op library for SPEC's imegen-ABI kernels")
-    lib.add_argument("spec")
+    add_accelerate(sub)
+    mc = cli_types.add_command(sub, "ort-model-check", "a model in stock riscv64 ORT vs ORT + imegen, under QEMU")
+    mc.add_argument("spec", help="the kernel spec (.imegen) whose kernels the model is rewritten to")
+    mc.add_argument("model", help="the ONNX model (int4/int8 MatMulNBits nodes)")
+    version = mc.add_argument("--ort-version", choices=sorted(ORT_RELEASES), default="1.23",
+                              help="the onnxruntime both sides run in: Debian's riscv64 package (default 1.23)")
+    cli_types.add_renamed(mc, "--ort", version)
+    mc.add_argument("--inputs", metavar="NPZ", help=".npz of inputs (default: random, seeded)")
+    mc.add_argument("--seed", type=cli_types.seed, default=0, help="seed of the random inputs (default 0)")
+    mc.add_argument("--dim", type=cli_types.name_value, action="append", default=[], metavar="NAME=VALUE",
+                    help="a symbolic input dimension's size (repeatable; default 1)")
+    mc.add_argument("--threads", type=cli_types.at_least(1), default=1,
+                    help="ORT's intra_op_num_threads, at least 1 (default 1)")
+    mc.add_argument("--seq", type=cli_types.at_least(1), default=5,
+                    help="decoders: tokens in the prefill step (M = seq on the gemm kernels; default 5)")
+    mc.add_argument("--past", type=cli_types.at_least(0), default=7,
+                    help="decoders: KV-cache positions before the prefill (default 7); decode steps follow (M = 1)")
+    mc.add_argument("--generate", type=cli_types.at_least(0), default=0, metavar="N",
+                    help="decoders: greedy-decode N tokens on both sides; the tokens must be identical")
+    lib = cli_types.add_command(sub, "ort-library", "build the ORT custom-op library for SPEC's imegen-ABI kernels")
+    lib.add_argument("spec", help="the kernel spec (.imegen)")
     lib.add_argument("--flavour", choices=("hardware", "qemu"), default="hardware",
                      help="hardware (a K1) or qemu (IME emulated; for QEMU only)")
-    lib.add_argument("-o", "--output", help="copy the library here")
+    lib.add_argument("-o", "--output", metavar="FILE", help="copy the library here (default: print its cached path)")
     lib.add_argument("--ort-include", metavar="DIR",
                      help="build against this folder's onnxruntime_c_api.h (ORT 1.21 or newer; the library then "
                           "loads in that ORT version and newer), e.g. /usr/include/onnxruntime on the board "
                           "(default: a riscv64 machine's own, else Debian's ORT 1.21 header)")
-    rw = sub.add_parser("ort-rewrite", help="move the MatMulNBits nodes SPEC serves into imegen's ORT domain")
-    rw.add_argument("spec")
-    rw.add_argument("model")
-    rw.add_argument("-o", "--output", required=True)
-    mc = sub.add_parser("ort-model-check", help="a model in stock riscv64 ORT vs ORT + imegen, under QEMU")
-    mc.add_argument("spec")
-    mc.add_argument("model")
-    mc.add_argument("--ort", choices=("1.21", "1.23"), default="1.23", help="onnxruntime version (Debian riscv64)")
-    mc.add_argument("--inputs", help=".npz of inputs (default: random, seeded)")
-    mc.add_argument("--seed", type=int, default=0)
-    mc.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE", help="a symbolic input dimension")
-    mc.add_argument("--threads", type=int, default=1, help="intra_op_num_threads")
-    mc.add_argument("--seq", type=int, default=5,
-                    help="decoders: tokens in the prefill step (M = seq on the gemm kernels; default 5)")
-    mc.add_argument("--past", type=int, default=7,
-                    help="decoders: KV-cache positions before the prefill (default 7); decode steps follow (M = 1)")
-    mc.add_argument("--generate", type=int, default=0, metavar="N",
-                    help="decoders: greedy-decode N tokens on both sides; the tokens must be identical")
-    add_accelerate(sub)  # ort-accelerate
+    rw = cli_types.add_command(sub, "ort-rewrite", "move the MatMulNBits nodes SPEC serves into imegen's ORT domain")
+    rw.add_argument("spec", help="the kernel spec (.imegen) whose kernels serve the nodes")
+    rw.add_argument("model", help="the ONNX model to rewrite")
+    rw.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the rewritten model")
 
 
 def _load_model(path: str):
@@ -95,14 +103,9 @@ def run_command(args) -> int:
                 inputs = dict(np.load(args.inputs))
             except (OSError, ValueError) as e:
                 raise UsageError(f"--inputs {args.inputs}: not a readable .npz ({e})") from None
-        dims = {}
-        for d in args.dim:
-            name, _, value = d.partition("=")
-            if not value.isdigit():
-                raise UsageError(f"--dim {d}: expected NAME=VALUE")
-            dims[name] = int(value)
+        dims = dict(args.dim)  # NAME=VALUE pairs, checked by argparse
         try:
-            check = model_check(specs, args.model, spec_file=args.spec, version=args.ort, inputs=inputs,
+            check = model_check(specs, args.model, spec_file=args.spec, version=args.ort_version, inputs=inputs,
                                 seed=args.seed, dims=dims, threads=args.threads, seq=args.seq, past=args.past,
                                 generate=args.generate)
         except ModelCheckError as e:

@@ -32,6 +32,8 @@ from typing import Callable
 
 import numpy as np
 
+from .. import cli_types
+
 OPSET = 17
 IR_VERSION = 8  # readable by ORT 1.21 and later
 NEG = float(np.finfo(np.float32).min)  # masked attention score
@@ -308,24 +310,25 @@ def main(argv: list[str] | None = None) -> int:
     return run_command(ap.parse_args(argv))
 
 
+# What qwen-model offers: MatMulNBits' bit widths and block sizes (powers of two, 16-256), its accuracy levels.
+BITS, BLOCKS, LEVELS = (4, 8), (16, 32, 64, 128, 256), (0, 1, 2, 3, 4)
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("output", help="model file to write (.onnx)")
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--bits", type=int, choices=(4, 8), default=4)
-    ap.add_argument("--block", type=int, default=32, help="quantization block size (16..256, power of two)")
+    ap.add_argument("--layers", type=cli_types.at_least(1), default=24, help="decoder layers (default 24, as Qwen2.5-0.5B)")
+    ap.add_argument("--vocab", type=cli_types.at_least(1), default=151936,
+                    help="vocabulary size (default 151936, as Qwen2.5-0.5B)")
+    ap.add_argument("--bits", type=cli_types.one_of(BITS), choices=BITS, default=4, help="weight bits (default 4)")
+    ap.add_argument("--block", type=cli_types.one_of(BLOCKS), choices=BLOCKS, default=32,
+                    help="quantization block size (default 32)")
     ap.add_argument("--symmetric", action="store_true", help="no zero points")
-    ap.add_argument("--accuracy-level", type=int, choices=(0, 1, 2, 3, 4), default=4)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--accuracy-level", type=cli_types.one_of(LEVELS), choices=LEVELS, default=4,
+                    help="MatMulNBits accuracy_level of every node (default 4: int8 compute)")
+    ap.add_argument("--seed", type=cli_types.seed, default=0, help="seed of the random weights (default 0)")
 
 
 def run_command(args) -> int:
-    if args.block < 16 or args.block > 256 or args.block & (args.block - 1):
-        print(f"error: --block {args.block}: MatMulNBits blocks are powers of two from 16 to 256", file=sys.stderr)
-        return 2
-    if args.layers < 1 or args.vocab < 1:
-        print("error: --layers and --vocab must be positive", file=sys.stderr)
-        return 2
     t0 = time.perf_counter()
     log = lambda msg: print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", file=sys.stderr, flush=True)  # noqa: E731
     c = build_model(args.output, layers=args.layers, vocab=args.vocab, bits=args.bits, block=args.block,

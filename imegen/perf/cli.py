@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import cli_types
 from . import arguments
 from .search.evaluate import RANKINGS
 from .workload import BLOCKS
@@ -24,8 +25,8 @@ def output_dir(args) -> Path:
 
 
 def add_perf_commands(sub) -> None:
-    b = sub.add_parser("bench", help="Qwen2.5-0.5B shapes: QEMU instruction counts, X60-modeled times, baselines")
-    t = sub.add_parser("tune", help="search IME tile configs per Qwen2.5-0.5B shape under the X60 cost model")
+    b = cli_types.add_command(sub, "bench", "Qwen2.5-0.5B shapes: QEMU instruction counts, X60-modeled times, baselines")
+    t = cli_types.add_command(sub, "tune", "search IME tile configs per Qwen2.5-0.5B shape under the X60 cost model")
     b.add_argument("--mlas", metavar="SPEC", help="instead: the CompInt8 IME kernels of SPEC's MLAS dispatch, driven like "
                    "MlasQNBitGemmBatch, next to the same kernels with imegen's own ABI (instruction counts)")
     b.add_argument("--spec", metavar="SPEC", help="instead of the tuned kernels: SPEC's own kernels (abi imegen, target "
@@ -47,10 +48,10 @@ def add_perf_commands(sub) -> None:
                             "shapes (repeatable)")
         p.add_argument("--m", type=arguments.m_values, metavar="M[,M...]",
                        help="with --spec: the rows M to run each shape at (default: 1,128,512; with --quick 1,128)")
-        p.add_argument("-j", "--jobs", type=arguments.jobs, default=None,
+        p.add_argument("-j", "--jobs", type=cli_types.jobs, default=None,
                        help="parallel builds/QEMU runs, at least 1 (default: CPU count)")
-    f = sub.add_parser("floors", help="the X60 model's floors per IME register tiling, against the prefill cells of a "
-                       "committed bench run (static: no QEMU)")
+    f = cli_types.add_command(sub, "floors", "the X60 model's floors per IME register tiling, against the prefill "
+                              "cells of a committed bench run (static: no QEMU)")
     f.add_argument("results", nargs="?", default=FULL_RESULTS, help=f"a bench output directory (default: {FULL_RESULTS})")
     t.add_argument("--occupancy", choices=RANKINGS, default=RANKINGS[0],
                    help="rank by each config's slower of the model's vector-unit charges and LLVM's hardware-measured "
