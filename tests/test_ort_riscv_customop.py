@@ -213,7 +213,7 @@ def test_model_check_command(tmp_path, capsys):
     onnx.save(model, tmp_path / "m.onnx")
     from imegen.cli import main
 
-    assert main(["ort-model-check", str(spec), str(tmp_path / "m.onnx"), "--ort", "1.21", "--dim", "batch=3"]) == 0
+    assert main(["ort-model-check", str(spec), str(tmp_path / "m.onnx"), "--ort-version", "1.21", "--dim", "batch=3"]) == 0
     out = capsys.readouterr().out
     assert "1 of 1 rewritten" in out and "k_gemm 1" in out and "PASS" in out
     assert main(["ort-rewrite", str(spec), str(tmp_path / "m.onnx"), "-o", str(tmp_path / "r.onnx")]) == 0

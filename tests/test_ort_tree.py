@@ -27,7 +27,7 @@ def pristine():
 
 def test_committed_patch_is_regenerated_from_the_pristine_tree_and_applies(pristine):
     patch = ort_tree.make_patch(pristine, PIN)
-    assert ort_tree.committed_patch_path(PIN).read_text() == patch, "run `imegen ort-patch --ort 1.21`"
+    assert ort_tree.committed_patch_path(PIN).read_text() == patch, "run `imegen ort-patch --mlas-pin 1.21`"
     ort_tree.git_apply(pristine, patch, check=True)
     r = subprocess.run(["patch", "-p1", "--dry-run"], cwd=pristine, input=patch, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr

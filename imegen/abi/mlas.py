@@ -139,7 +139,7 @@ def _o(member: str, params: str, forward: str | None = None, **supply: str) -> O
 
 @dataclass(frozen=True)
 class OrtPin:
-    name: str  # what `imegen generate --ort` takes
+    name: str  # what `imegen generate --mlas-pin` takes
     label: str  # the ORT source it was read from
     groups: tuple[tuple[int, int], ...]  # (bits, compute) that version's MLAS routes to a dispatch
     entries: tuple[OrtEntry, ...]

@@ -8,7 +8,7 @@
 # the output directory (default <binary dir>/imegen_generated) to <target>'s include path. When the spec has abi=mlas kernels it also
 # defines <macro> (default MLAS_USE_IMEGEN_QNBIT) on <target>, and with ORT_GLUE adds the C++ file
 # that fills ORT's MLAS_QNBIT_GEMM_DISPATCH (it includes ORT's mlasi.h/qnbitgemm.h), with the signatures
-# of ORT <version> (`imegen generate --ort`: main or 1.21; default main).
+# of ORT <version> (`imegen generate --mlas-pin`: main or 1.21; default main).
 # The interpreter with imegen installed: IMEGEN_PYTHON, else Python3_EXECUTABLE / find_package(Python3).
 
 get_filename_component(IMEGEN_PACKAGE_DIR "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
@@ -45,7 +45,7 @@ function(imegen_generate target)
   # Run from the directory holding the imegen package, so `-m imegen` cannot pick up a
   # same-named directory from the build tree.
   get_filename_component(package_parent "${IMEGEN_PACKAGE_DIR}/.." ABSOLUTE)
-  execute_process(COMMAND "${IMEGEN_PYTHON}" -m imegen outputs "${spec}" --ort "${ARG_ORT}" WORKING_DIRECTORY "${package_parent}"
+  execute_process(COMMAND "${IMEGEN_PYTHON}" -m imegen outputs "${spec}" --mlas-pin "${ARG_ORT}" WORKING_DIRECTORY "${package_parent}"
                   OUTPUT_VARIABLE listing ERROR_VARIABLE err RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "imegen: ${err}")
@@ -84,7 +84,7 @@ function(imegen_generate target)
   list(APPEND generator ${grammar})
   add_custom_command(
     OUTPUT ${outputs}
-    COMMAND "${IMEGEN_PYTHON}" -m imegen generate "${spec}" --ort "${ARG_ORT}" -o "${ARG_OUTPUT_DIR}"
+    COMMAND "${IMEGEN_PYTHON}" -m imegen generate "${spec}" --mlas-pin "${ARG_ORT}" -o "${ARG_OUTPUT_DIR}"
     DEPENDS "${spec}" ${templates} ${generator}
     WORKING_DIRECTORY "${package_parent}"
     COMMENT "imegen: generating kernels from ${ARG_SPEC}"
