@@ -286,6 +286,14 @@ def _overview(commands: dict[str, argparse.ArgumentParser]) -> str:
     return "\n".join(lines)
 
 
+def _add_mlas_pin(p: argparse.ArgumentParser, default: str = DEFAULT_PIN, text: str | None = None) -> None:
+    """--mlas-pin: the ORT version whose MLAS ABI (MLAS_QNBIT_GEMM_DISPATCH) the glue is written for."""
+    pin = p.add_argument("--mlas-pin", default=default, choices=sorted(PINS), help=text or (
+        f"the ORT version whose MLAS dispatch ABI the glue of abi=mlas kernels is written for (default {default}; "
+        "imegen/abi/mlas.py)"))
+    cli_types.add_renamed(p, "--ort", pin)
+
+
 def _add_kernel_commands(sub) -> None:
     """generate, check, list, explain, ort-check: a spec's kernels."""
     g = add_command(sub, "generate", "write each kernel's .c and .h")
@@ -306,14 +314,6 @@ def _add_kernel_commands(sub) -> None:
     o.add_argument("-j", "--jobs", type=cli_types.jobs, default=None,
                    help="parallel builds/QEMU runs, at least 1 (default: CPU count)")
     o.add_argument("-k", "--kernel", action="append", metavar="NAME", help="only this kernel of SPEC (repeatable)")
-
-
-def _add_mlas_pin(p: argparse.ArgumentParser, default: str = DEFAULT_PIN, help: str | None = None) -> None:
-    """--mlas-pin: the ORT version whose MLAS ABI (MLAS_QNBIT_GEMM_DISPATCH) the glue is written for."""
-    pin = p.add_argument("--mlas-pin", default=default, choices=sorted(PINS), help=help or (
-        f"the ORT version whose MLAS dispatch ABI the glue of abi=mlas kernels is written for (default {default}; "
-        "imegen/abi/mlas.py)"))
-    cli_types.add_renamed(p, "--ort", pin)
 
 
 def _add_ort_build_commands(sub) -> None:
