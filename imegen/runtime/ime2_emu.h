@@ -1,0 +1,26 @@
+/* SIGILL trap-and-emulate for SpacemiT IME2 integer vmadot* (the K3's A100 cores) under QEMU user mode.
+ *
+ * Upstream QEMU has no IME, so a vmadot word raises SIGILL. The handler installed here decodes it,
+ * performs the 8x16x8 int8 (or 8x32x8 int4) -> int32 multiply-accumulate on the live vector registers
+ * and resumes after the instruction. Requires VLEN = 1024 (the A100 geometry). Any other illegal
+ * instruction, including IME2 forms it does not run (.sp, .hp, vfwmadot, vpack), still kills the
+ * program with SIGILL (docs/ime2-isa.md §6).
+ */
+#ifndef IMEGEN_IME2_EMU_H
+#define IMEGEN_IME2_EMU_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Install the SIGILL handler. Exits with status 3 if VLEN != 1024. */
+void imegen_ime2_emu_install(void);
+
+/* Number of IME2 instructions emulated so far. */
+unsigned long imegen_ime2_emu_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IMEGEN_IME2_EMU_H */

@@ -1,0 +1,477 @@
+"""The SIGILL IME2 emulator (imegen/runtime/ime2_emu.c) against an independent NumPy model of the spec's
+semantics and against the spec's own usage examples, under QEMU at VLEN 1024.
+
+The driver tests/c/ime2_emu_test.c executes the real `.word` encodings from imegen.targets.ime2.encoding;
+this file generates the asm for them (ime2_variants.h) and the input records. docs/ime2-isa.md §2 (semantics),
+§5 (vtype), §7 (the spec's usage examples).
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from imegen import toolchain
+from imegen.targets.ime2.encoding import encode_vmadot, encode_vmadot_hp, encode_vmadot_sp, mnemonic
+
+C_DIR = Path(__file__).parent / "c"
+VLEN = 1024
+VLENB = VLEN // 8
+SIGNS = ("ss", "uu", "us", "su")
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+ALL_VREGS = ", ".join(f'"v{r}"' for r in range(32))
+
+missing = toolchain.missing_tools()
+pytestmark = pytest.mark.skipif(
+    any(t in missing for t in (toolchain.CLANG, toolchain.QEMU)),
+    reason=f"cross toolchain missing: {missing}")
+
+
+# ---------------------------------------------------------------- NumPy model (spec §5.1.3, §5.2.3, §2.7.2)
+
+@dataclass(frozen=True)
+class Op:
+    """One vmadot instruction: its signedness (A = vs1, B = vs2), data type and slide."""
+    sign: str
+    dtype: str = "i8"
+    slide: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{mnemonic(self.sign, self.dtype, self.slide)} ({self.dtype})"
+
+
+def elements(reg_bytes: np.ndarray, dtype: str, is_signed: bool) -> np.ndarray:
+    """The register bytes as int64 elements: int8, or int4 with element 2n in the low nibble of byte n."""
+    if dtype == "i8":
+        return reg_bytes.view(np.int8 if is_signed else np.uint8).astype(np.int64)
+    nibbles = np.stack([reg_bytes & 0x0F, reg_bytes >> 4], axis=1).reshape(-1).astype(np.int64)
+    return np.where(nibbles >= 8, nibbles - 16, nibbles) if is_signed else nibbles
+
+
+def vmadot_exact(c: np.ndarray, a: np.ndarray, b: np.ndarray, op: Op) -> np.ndarray:
+    """C[8x8] + A[8xK] @ B^T in int64, no wrap. a = bytes of vs1 || vs1+1 (256), b = bytes of vs2 (128)."""
+    k = 16 if op.dtype == "i8" else 32
+    A = elements(a, op.dtype, op.sign[0] == "s").reshape(-1, k)[op.slide:op.slide + 8]
+    B = elements(b, op.dtype, op.sign[1] == "s").reshape(8, k)  # row j holds column j of B
+    return c.astype(np.int64).reshape(8, 8) + A @ B.T
+
+
+def wrap32(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.int64).astype(np.uint32).view(np.int32)  # keeps the low 32 bits
+
+
+def run_ops(c, a, b, ops) -> tuple[np.ndarray, bool]:
+    """The int32 C after `ops` in order, and whether any step left the int32 range (and wrapped)."""
+    wrapped = False
+    for op in ops:
+        exact = vmadot_exact(c, a, b, op)
+        wrapped |= bool(((exact < INT32_MIN) | (exact > INT32_MAX)).any())
+        c = wrap32(exact).reshape(64)
+    return c, wrapped
+
+
+# ---------------------------------------------------------------- variants (one asm function each)
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    vd: int
+    vs1: int
+    vs2: int
+    sew: int  # the vsetvli before the instructions: e{sew}, m1, vl = VLMAX
+    ops: tuple[Op, ...]
+
+    @property
+    def a_regs(self) -> list[int]:
+        return [self.vs1, self.vs1 + 1] if any(op.slide for op in self.ops) else [self.vs1]
+
+    def words(self) -> list[int]:
+        return [encode_vmadot(self.vd, self.vs1, self.vs2, signedness=op.sign, dtype=op.dtype, slide=op.slide)
+                for op in self.ops]
+
+
+FORMS = [Op(s, "i8", n) for n in range(4) for s in SIGNS] + [Op(s, "i4") for s in SIGNS]
+
+
+def form_variant(i: int, op: Op) -> Variant:
+    """Over the first 16 variants every register 0..31 gets loaded from and stored to, so every case of the
+    emulator's spill/fill switches runs; the SEW cycles through the three the A100's known user issues."""
+    vd = 2 * (i % 16)
+    return Variant(op.name, vd, (vd + 8) % 32, (vd + 19) % 32, (8, 16, 32)[i % 3], (op,))
+
+
+FORM_VARIANTS = [form_variant(i, op) for i, op in enumerate(FORMS)]
+# The spec's usage examples, with the spec's own registers (docs/ime2-isa.md §7).
+SPEC_BASE = Variant("spec 5.1.6", 16, 0, 1, 8, (Op("ss"),))
+SPEC_SLIDE = Variant("spec 5.2.6", 16, 0, 8, 8, (Op("ss"), Op("ss", slide=1), Op("ss", slide=2)))
+SPEC_SLIDE_FIRST_TWO = Variant("spec 5.2.6, first two", 16, 0, 8, 8, (Op("ss"), Op("ss", slide=1)))
+SPEC_HP_DOT = Variant("spec 5.4.7, its integer dot product", 16, 2, 8, 16, (Op("ss"),))
+SPEC_VARIANTS = [SPEC_BASE, SPEC_SLIDE, SPEC_SLIDE_FIRST_TWO, SPEC_HP_DOT]
+VARIANTS = FORM_VARIANTS + SPEC_VARIANTS
+
+
+def variant_function(i: int, v: Variant) -> str:
+    lines = [f"vsetvli t0, zero, e{v.sew}, m1, ta, ma",
+             f"vl1r.v v{v.vd}, (%[c0])", f"vl1r.v v{v.vd + 1}, (%[c1])",
+             *(f"vl1r.v v{r}, (%[a{k}])" for k, r in enumerate(v.a_regs)),
+             f"vl1r.v v{v.vs2}, (%[b])",
+             *(f".word 0x{w:08x}" for w in v.words()),
+             f"vs1r.v v{v.vd}, (%[o0])", f"vs1r.v v{v.vd + 1}, (%[o1])"]
+    asm = "\n".join(f'        "{line}\\n\\t"' for line in lines)
+    clobbers = ", ".join(f'"v{r}"' for r in sorted({v.vd, v.vd + 1, v.vs2, *v.a_regs}))
+    return f"""
+/* {v.name}: v{v.vd}, v{v.vs1}, v{v.vs2} under e{v.sew} */
+static void variant_{i}(const void *c, const void *a, const void *b, void *out) {{
+    const char *cc = c, *ac = a;
+    char *oc = out;
+    __asm__ volatile(
+{asm}
+        :
+        : [c0] "r"(cc), [c1] "r"(cc + {VLENB}), [a0] "r"(ac), [a1] "r"(ac + {VLENB}), [b] "r"(b),
+          [o0] "r"(oc), [o1] "r"(oc + {VLENB})
+        : "memory", "t0" VCLOBBERS({clobbers}, "vl", "vtype"));
+}}
+"""
+
+
+# ---------------------------------------------------------------- probes (one raw word each)
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    word: int
+    vtype: str
+    refusal: str | None  # None: the emulator runs it; else a fragment of the reason it prints before SIGILL
+    avl: int | None = None  # None: vl = VLMAX (vsetvli with rs1 = zero); else this AVL
+
+
+VALID_I8 = encode_vmadot(8, 16, 24)
+VALID_I4 = encode_vmadot(8, 16, 24, dtype="i4")
+VALID_SLIDE = encode_vmadot(8, 16, 24, slide=3)
+NOT_RUN = "not an IME2 instruction it runs"
+BAD_VTYPE = "LMUL 1 and vl = VLMAX"
+OVERLAP = "overlaps a source"
+
+
+def with_field(word: int, shift: int, width: int, value: int) -> int:
+    """`word` with bits [shift + width - 1 : shift] replaced: illegal words the encoder refuses to build."""
+    mask = (1 << width) - 1
+    return word & ~(mask << shift) | value << shift
+
+
+PROBES = [
+    Probe("i8_e8", VALID_I8, "e8, m1, ta, ma", None),
+    Probe("i8_e16", VALID_I8, "e16, m1, ta, ma", None),
+    Probe("i8_e32", VALID_I8, "e32, m1, ta, ma", None),
+    Probe("i4_e32", VALID_I4, "e32, m1, ta, ma", None),
+    Probe("slide3_e16", VALID_SLIDE, "e16, m1, ta, ma", None),
+    Probe("i8_e32_vl32_explicit", VALID_I8, "e32, m1, ta, ma", None, avl=32),
+    # LMUL != 1 is illegal (spec §5.1.4); vl < VLMAX and SEW 64 are refused (docs/ime2-isa.md §5).
+    Probe("i8_e32_m2", VALID_I8, "e32, m2, ta, ma", BAD_VTYPE),
+    Probe("i4_e8_mf2", VALID_I4, "e8, mf2, ta, ma", BAD_VTYPE),
+    Probe("i8_e8_m8", VALID_I8, "e8, m8, ta, ma", BAD_VTYPE),
+    Probe("i8_e64", VALID_I8, "e64, m1, ta, ma", BAD_VTYPE),
+    Probe("i8_e8_vl64", VALID_I8, "e8, m1, ta, ma", BAD_VTYPE, avl=64),
+    Probe("i4_e32_vl16", VALID_I4, "e32, m1, ta, ma", BAD_VTYPE, avl=16),
+    Probe("i8_e16_vl63", VALID_I8, "e16, m1, ta, ma", BAD_VTYPE, avl=63),
+    # Register constraints (spec §2.3, §5.1.4, §5.2.4).
+    Probe("odd_vd", VALID_I8 | 1 << 7, "e8, m1, ta, ma", NOT_RUN),
+    Probe("vs2_is_vd", with_field(VALID_I8, 20, 5, 8), "e8, m1, ta, ma", OVERLAP),
+    Probe("vs2_is_vd_plus_1", with_field(VALID_I4, 20, 5, 9), "e8, m1, ta, ma", OVERLAP),
+    Probe("vs1_is_vd_plus_1", with_field(VALID_I8, 15, 5, 9), "e8, m1, ta, ma", OVERLAP),
+    Probe("slide_pair_is_vd", with_field(VALID_SLIDE, 16, 4, 4), "e8, m1, ta, ma", OVERLAP),
+    # Reserved encodings (spec §8.1, §8.2).
+    Probe("base_bit14_reserved", VALID_I8 | 1 << 14, "e8, m1, ta, ma", NOT_RUN),
+    Probe("slide_field_0b11_reserved", VALID_SLIDE | 1 << 14, "e8, m1, ta, ma", NOT_RUN),
+    Probe("i4_slide_reserved", with_field(encode_vmadot(8, 16, 24, slide=1), 29, 2, 0b10), "e8, m1, ta, ma", NOT_RUN),
+    Probe("dtype_01_reserved", with_field(VALID_I8, 29, 2, 0b01), "e8, m1, ta, ma", NOT_RUN),
+    Probe("dtype_00", with_field(VALID_I8, 29, 2, 0b00), "e8, m1, ta, ma", NOT_RUN),
+    Probe("bit25_clear", VALID_I8 & ~(1 << 25), "e8, m1, ta, ma", NOT_RUN),
+    Probe("family_111_reserved", with_field(VALID_I8, 26, 3, 0b111), "e8, m1, ta, ma", NOT_RUN),
+    # Valid IME2 forms this emulator does not run: they must die, not compute something.
+    Probe("vmadot_sp", encode_vmadot_sp(8, 16, 24, mask=0, imm2=1), "e8, m1, ta, ma", NOT_RUN),
+    Probe("vmadot_hp", encode_vmadot_hp(8, 16, 24, scale=1, imm3=7, dtype="i4"), "e16, m1, ta, ma", NOT_RUN),
+    Probe("vfwmadot", 0x9E62412B, "e16, m1, ta, ma", NOT_RUN),  # smt.vfwmadot v2, v4, v6 (LLVM MC test)
+    Probe("vpack", 0x6652112B, "e8, m1, ta, ma", NOT_RUN),  # smt.vpack.vv v2, v4, v5, 1 (LLVM MC test)
+    Probe("custom1_zero", 0x0000002B, "e8, m1, ta, ma", NOT_RUN),
+    Probe("compressed_unimp", 0x00000000, "e8, m1, ta, ma", ""),  # no word to report: dies silently
+]
+
+
+def probe_function(k: int, p: Probe) -> str:
+    setvl = "vsetvli t0, zero" if p.avl is None else f"li t0, {p.avl}\\n\\tvsetvli t0, t0"
+    return f"""
+/* {p.name} */
+static void probe_{k}(void) {{
+    __asm__ volatile("{setvl}, {p.vtype}\\n\\t.word 0x{p.word:08x}"
+                     : : : "memory", "t0" VCLOBBERS({ALL_VREGS}, "vl", "vtype"));
+}}
+"""
+
+
+def vtype_probe_function() -> str:
+    # One asm block, so no compiler-emitted vsetvli can sit between the reads. e16 with an explicit
+    # AVL of VLMAX and the unusual mask-undisturbed policy: all of it must survive the trap.
+    return f"""
+static void vtype_probe(unsigned long r[4]) {{
+    unsigned long vl0, vt0, vl1, vt1;
+    __asm__ volatile(
+        "li t0, 64\\n\\t"
+        "vsetvli zero, t0, e16, m1, ta, mu\\n\\t"
+        "csrr %[vl0], vl\\n\\t"
+        "csrr %[vt0], vtype\\n\\t"
+        ".word 0x{VALID_I8:08x}\\n\\t"
+        "csrr %[vl1], vl\\n\\t"
+        "csrr %[vt1], vtype"
+        : [vl0] "=&r"(vl0), [vt0] "=&r"(vt0), [vl1] "=r"(vl1), [vt1] "=r"(vt1)
+        :
+        : "memory", "t0" VCLOBBERS("v8", "v9", "vl", "vtype"));
+    r[0] = vl0; r[1] = vt0; r[2] = vl1; r[3] = vt1;
+}}
+"""
+
+
+def generate_header() -> str:
+    parts = ["/* Generated by tests/test_ime2_emulator.py */",
+             f"#define N_VARIANTS {len(VARIANTS)}", f"#define N_PROBES {len(PROBES)}"]
+    parts += [variant_function(i, v) for i, v in enumerate(VARIANTS)]
+    parts.append("static const variant_fn variants[N_VARIANTS] = {"
+                 + ", ".join(f"variant_{i}" for i in range(len(VARIANTS))) + "};")
+    parts += [probe_function(k, p) for k, p in enumerate(PROBES)]
+    parts.append("static const probe_fn probes[N_PROBES] = {"
+                 + ", ".join(f"probe_{k}" for k in range(len(PROBES))) + "};")
+    parts.append(vtype_probe_function())
+    return "\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------- builds
+
+# (driver compiler, emulator compiler). GCC 12 cannot build vector code but can build both the
+# emulator (rv64gc) and the driver (asm only), so it is exercised for both parts.
+BUILDS = [("clang", "clang"), ("clang", "gcc"), ("gcc", "gcc")]
+
+
+@pytest.fixture(scope="module")
+def gen_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("ime2_gen")
+    (d / "ime2_variants.h").write_text(generate_header())
+    return d
+
+
+def build(gen_dir: Path, main_cc: str, emu_cc: str) -> Path:
+    if (emu_cc == "gcc" or main_cc == "gcc") and toolchain.GCC in missing:
+        pytest.skip(f"{toolchain.GCC} not installed")
+    exe = gen_dir / f"ime2_emu_test_{main_cc}_{emu_cc}"
+    if not exe.exists():
+        # rv64gc: the emulator's C code must not touch the live vector registers.
+        obj = toolchain.compile_c([toolchain.RUNTIME_DIR / "ime2_emu.c"], gen_dir / f"ime2_emu_{emu_cc}.o",
+                                  compiler=emu_cc, march="rv64gc")
+        toolchain.compile_c([C_DIR / "ime2_emu_test.c", obj], exe, compiler=main_cc,
+                            include_dirs=[gen_dir, toolchain.RUNTIME_DIR])
+    return exe
+
+
+@pytest.fixture(scope="module", params=BUILDS, ids=[f"main-{m}_emu-{e}" for m, e in BUILDS])
+def exe(request, gen_dir) -> Path:
+    return build(gen_dir, *request.param)
+
+
+@pytest.fixture(scope="module")
+def clang_exe(gen_dir) -> Path:
+    return build(gen_dir, "clang", "clang")
+
+
+def run(exe: Path, args, **kwargs):
+    return toolchain.run(exe, args, vlen=VLEN, ime=True, **kwargs)
+
+
+# ---------------------------------------------------------------- records
+
+Record = tuple[int, np.ndarray, np.ndarray, np.ndarray]  # variant, c[64] int32, a[256] uint8, b[128] uint8
+# int8 -128, 127, 0, -1/255; as int4 pairs the same bytes are (-8|8, -8|8), (7, 7), (0, 0), (-1|15, -1|15),
+# and 0x08 / 0xF7 mix the nibble extremes within a byte.
+BYTE_EXTREMES = (0x80, 0x7F, 0x00, 0xFF, 0x08, 0xF7)
+CONSTANT_PATTERNS = (0x80, 0x7F, 0x00, 0xFF)
+
+
+def random_c(rng) -> np.ndarray:
+    return rng.integers(INT32_MIN, INT32_MAX, 64, endpoint=True, dtype=np.int64).astype(np.int32)
+
+
+def form_records(rng: np.random.Generator, v: int) -> list[Record]:
+    recs = [(v, random_c(rng), rng.integers(0, 256, 256, dtype=np.uint8), rng.integers(0, 256, 128, dtype=np.uint8))
+            for _ in range(24)]
+    # Constant extreme byte patterns, from zero and from both ends of int32 (the latter wrap).
+    for pa, pb, c0 in itertools.product(CONSTANT_PATTERNS, CONSTANT_PATTERNS, (0, INT32_MAX - 3, INT32_MIN + 3)):
+        recs.append((v, np.full(64, c0, np.int32), np.full(256, pa, np.uint8), np.full(128, pb, np.uint8)))
+    # Per-byte mixtures of the extremes, so signed and unsigned readings disagree everywhere.
+    extremes = np.array(BYTE_EXTREMES, np.uint8)
+    recs += [(v, random_c(rng), rng.choice(extremes, 256), rng.choice(extremes, 128)) for _ in range(8)]
+    return recs
+
+
+def spec_record(variant: Variant, a_rows: list[list[int]], b_rows: list[list[int]]) -> Record:
+    """A record from a spec example's matrices: A's rows and B's columns (the spec lists B^T's rows), each
+    placed at the start of a 16-byte row of the A100 tile, the rest zero. The A60 examples' 4x8 tiles thus
+    sit in the top-left corner of the 8x16 one, where they compute the same sums."""
+    a = np.zeros((16, 16), np.int8)
+    b = np.zeros((8, 16), np.int8)
+    for i, row in enumerate(a_rows):
+        a[i, :len(row)] = row
+    for j, col in enumerate(b_rows):
+        b[j, :len(col)] = col
+    return (VARIANTS.index(variant), np.zeros(64, np.int32), a.view(np.uint8).reshape(-1), b.view(np.uint8).reshape(-1))
+
+
+# Spec §5.1.6 (A60 example): int8 A[4x8] and B given as its four columns; C printed below.
+SPEC_516_A = [[0, 1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8], [2, 3, 4, 5, 6, 7, 8, 9], [4, 5, 6, 7, 8, 9, 10, 11]]
+SPEC_516_BT = [[0, 1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8], [2, 3, 4, 5, 6, 7, 8, 9], [11, 4, 5, 6, 7, 8, 9, 10]]
+SPEC_516_C = [[140, 168, 196, 224], [168, 204, 240, 284], [196, 240, 284, 344], [252, 312, 372, 464]]
+# Spec §5.2.6 (A60 example): the 8-row feature map (rows 6-7 zero), the same B; vmadot, vmadot1, vmadot2.
+SPEC_526_A = SPEC_516_A + [[5, 6, 7, 8, 9, 10, 11, 12], [6, 7, 8, 9, 10, 11, 12, 13], [0] * 8, [0] * 8]
+SPEC_526_AFTER_SLIDE1 = [[308, 372, 436, 224], [364, 444, 524, 628], [448, 552, 656, 808], [532, 660, 788, 988]]
+SPEC_526_C = [[504, 612, 720, 852], [616, 756, 896, 1092], [728, 900, 1072, 1332], [840, 1044, 1248, 1572]]
+# The spec prints 224 (row 0, column 3, after vmadot1): that cell's value before vmadot1. Adding row 1 of
+# A times column 3 of B (11+8+15+24+35+48+63+80 = 284) gives 508, and only 508 is consistent with the
+# 852 it prints after vmadot2 (508 + 344). docs/ime2-isa.md §8.
+SPEC_526_TYPOS = {(0, 3): (224, 508)}
+# Spec §5.4.7 (A100 example, smt.vmadot.hp ... i8): A = B^T = rows i..i+15; FP16 scales 1..8 for columns
+# 0..7; C printed in FP16. Its integer dot product is the base vmadot's 8x16x8 result.
+SPEC_547_AB = [[i + k for k in range(16)] for i in range(8)]
+SPEC_547_SCALE = np.arange(1, 9, dtype=np.float16)
+SPEC_547_C = [[1240, 2720, 4440, 6400, 8600, 11040, 13720, 16640],
+              [1360, 2992, 4896, 7072, 9520, 12240, 15232, 18496],
+              [1480, 3264, 5352, 7744, 10440, 13440, 16736, 20352],
+              [1600, 3536, 5808, 8416, 11360, 14640, 18256, 22208],
+              [1720, 3808, 6264, 9088, 12280, 15840, 19776, 24064],
+              [1840, 4080, 6720, 9760, 13200, 17040, 21280, 25920],
+              [1960, 4352, 7176, 10432, 14120, 18240, 22784, 27776],
+              [2080, 4624, 7632, 11104, 15040, 19440, 24304, 29632]]
+
+SPEC_RECORDS = [spec_record(SPEC_BASE, SPEC_516_A, SPEC_516_BT), spec_record(SPEC_SLIDE, SPEC_526_A, SPEC_516_BT),
+                spec_record(SPEC_SLIDE_FIRST_TWO, SPEC_526_A, SPEC_516_BT),
+                spec_record(SPEC_HP_DOT, SPEC_547_AB, SPEC_547_AB)]
+
+
+def make_records(rng: np.random.Generator) -> list[Record]:
+    recs = [r for v in range(len(FORM_VARIANTS)) for r in form_records(rng, v)]
+    for v in SPEC_VARIANTS:  # the multi-instruction sequences on random data too
+        idx = VARIANTS.index(v)
+        recs += [(idx, random_c(rng), rng.integers(0, 256, 256, dtype=np.uint8),
+                  rng.integers(0, 256, 128, dtype=np.uint8)) for _ in range(8)]
+    return recs + SPEC_RECORDS
+
+
+def encode_records(recs: list[Record]) -> bytes:
+    return b"".join(struct.pack("<i", v) + c.astype("<i4").tobytes() + a.tobytes() + b.tobytes()
+                    for v, c, a, b in recs)
+
+
+def parse_results(stdout: bytes) -> tuple[np.ndarray, int]:
+    lines = stdout.decode().split("\n")
+    assert lines[-1] == "" and lines[-2].startswith("count "), lines[-3:]
+    rows = np.array([[int(x) for x in ln.split()] for ln in lines[:-2]], dtype=np.int64)
+    return rows, int(lines[-2].split()[1])
+
+
+@pytest.fixture(scope="module")
+def records() -> list[Record]:
+    return make_records(np.random.default_rng(20260413))
+
+
+@pytest.fixture(scope="module")
+def results(clang_exe, records) -> np.ndarray:
+    got, count = parse_results(run(clang_exe, ["run"], input=encode_records(records), timeout=120).stdout)
+    assert count == sum(len(VARIANTS[v].ops) for v, *_ in records), "every vmadot must go through the emulator"
+    return got
+
+
+def spec_result(results: np.ndarray, variant: Variant) -> np.ndarray:
+    """The emulator's C[8x8] for the spec example record of `variant` (the records end with them)."""
+    k = len(SPEC_RECORDS) - [r[0] for r in SPEC_RECORDS].index(VARIANTS.index(variant))
+    return results[-k].reshape(8, 8)
+
+
+# ---------------------------------------------------------------- tests
+
+def test_every_form_matches_numpy(exe, records):
+    """All 16 int8 forms (4 signednesses x slide 0-3) and the 4 int4 forms, under e8/e16/e32, in every build."""
+    got, count = parse_results(run(exe, ["run"], input=encode_records(records), timeout=120).stdout)
+    assert count == sum(len(VARIANTS[v].ops) for v, *_ in records), "every vmadot must go through the emulator"
+    assert got.shape == (len(records), 64)
+    wrapped = set()
+    for (v, c, a, b), row in zip(records, got):
+        want, did_wrap = run_ops(c, a, b, VARIANTS[v].ops)
+        np.testing.assert_array_equal(row, want, err_msg=f"variant {v}: {VARIANTS[v].name}")
+        if did_wrap:
+            wrapped.add(v)
+    assert wrapped >= set(range(len(FORM_VARIANTS))), "each form must include an int32 wrap-around case"
+
+
+def test_forms_cover_the_integer_instructions():
+    assert {(op.sign, op.dtype, op.slide) for v in FORM_VARIANTS for op in v.ops} == \
+        set(itertools.product(SIGNS, ["i8"], range(4))) | set(itertools.product(SIGNS, ["i4"], [0]))
+    assert {v.sew for v in FORM_VARIANTS if v.ops[0].dtype == "i4"} == {8, 16, 32}
+
+
+def test_spec_example_5_1_6(results):
+    """The base vmadot example's printed C (A60 tile, in the top-left corner of the A100 one)."""
+    c = spec_result(results, SPEC_BASE)
+    np.testing.assert_array_equal(c[:4, :4], SPEC_516_C)
+    np.testing.assert_array_equal(c[:, 4:], 0)  # B's columns 4-7 are zero
+    np.testing.assert_array_equal(c[4:], 0)     # so are A's rows 4-7
+
+
+def test_spec_example_5_2_6(results):
+    """vmadot, vmadot1, vmadot2 accumulating into one C: the printed C after vmadot1 and after vmadot2."""
+    after_slide1 = np.array(SPEC_526_AFTER_SLIDE1)
+    for (i, j), (printed, corrected) in SPEC_526_TYPOS.items():
+        assert after_slide1[i, j] == printed
+        after_slide1[i, j] = corrected
+    np.testing.assert_array_equal(spec_result(results, SPEC_SLIDE_FIRST_TWO)[:4, :4], after_slide1)
+    np.testing.assert_array_equal(spec_result(results, SPEC_SLIDE)[:4, :4], SPEC_526_C)
+
+
+def test_spec_example_5_4_7_integer_part(results):
+    """The A100's 8x16x8 int8 tile: the .hp example's FP16 output is fp16(fp16(A x B^T) x scale), so the base
+    vmadot on its A and B must reproduce every printed value through that formula."""
+    c = spec_result(results, SPEC_HP_DOT)
+    scaled = (c.astype(np.float16) * SPEC_547_SCALE).astype(np.float16)
+    np.testing.assert_array_equal(scaled.astype(np.float64), SPEC_547_C)
+
+
+def test_vl_vtype_preserved(exe):
+    vl0, vt0, vl1, vt1, count = map(int, run(exe, ["vtype"]).stdout.split())
+    assert (vl0, vt0) == (64, 0x48)  # vl 64 = VLMAX at e16, m1, ta, mu
+    assert (vl1, vt1) == (vl0, vt0)
+    assert count == 1
+
+
+@pytest.mark.parametrize("vlen", [256, 512])
+def test_refuses_wrong_vlen(clang_exe, vlen):
+    with pytest.raises(toolchain.ToolchainError) as ei:
+        toolchain.run(clang_exe, ["vtype"], vlen=vlen)
+    assert ei.value.returncode == 3
+    assert "IME2 requires VLEN=1024" in ei.value.stderr
+
+
+@pytest.mark.parametrize("k, probe", list(enumerate(PROBES)), ids=[p.name for p in PROBES])
+def test_probe(clang_exe, k, probe):
+    """A legal vmadot survives; every other word, and a legal one under a vtype IME2 refuses, dies by SIGILL
+    after the emulator says why."""
+    if probe.refusal is None:
+        assert run(clang_exe, ["probe", str(k)]).stdout.split() == [b"survived", b"1"]
+        return
+    with pytest.raises(toolchain.ToolchainError) as ei:
+        run(clang_exe, ["probe", str(k)])
+    assert ei.value.returncode == -signal.SIGILL, ei.value
+    if probe.refusal:
+        assert f"illegal instruction 0x{probe.word:08x}" in ei.value.stderr
+        assert probe.refusal in ei.value.stderr
