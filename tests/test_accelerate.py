@@ -330,6 +330,7 @@ def test_unservable_nodes_are_kept_with_their_reason(tmp_path, capsys, built, ca
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     (out_dir / "libimegen_ort.so").write_bytes(b"stale")  # an earlier run's: must not survive to be loaded
+    (out_dir / "report.txt").write_text("served mm0 ...\n")  # (a folder an earlier run wrote holds its report)
     model = saved(chain(dict(N=64, K=64, **case), float16=float16), tmp_path)
     code, out, err = accelerate(capsys, model, "-o", out_dir)
     assert code == 3
@@ -523,3 +524,20 @@ def test_genai_export_runs_in_riscv64_onnxruntime(tmp_path, capsys):
     gemv = next(s.name for s in specs if s.op == "gemv")
     gemm = next(s.name for s in specs if s.op == "gemm" and not s.fallback)
     assert (calls[5][gemm], calls[5][gemv], calls[1][gemv], calls[1][gemm]) == (nodes, 0, nodes, 0)
+
+
+def test_a_folder_imegen_did_not_write_is_not_overwritten(tmp_path, capsys, built):
+    """-o naming a folder that holds someone's model.onnx (not MODEL) must neither replace nor delete it."""
+    theirs = tmp_path / "models"
+    theirs.mkdir()
+    (theirs / "model.onnx").write_bytes(b"the user's other model")
+    model = saved(chain(dict(N=64, K=64, block=32)), theirs, name="qwen.onnx")
+    code, _, err = accelerate(capsys, model, "-o", theirs)
+    assert code == 2 and "which imegen ort-accelerate did not write" in err
+    assert (theirs / "model.onnx").read_bytes() == b"the user's other model"
+
+
+def test_an_empty_file_is_not_a_model(tmp_path, capsys):
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    code, _, err = accelerate(capsys, tmp_path / "empty.onnx", "-o", tmp_path / "out")
+    assert code == 2 and "not an ONNX model (it holds no graph)" in err

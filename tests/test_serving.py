@@ -314,3 +314,60 @@ def test_an_initializer_a_graph_input_may_override_is_not_constant(tmp_path, set
     onnx.save(model, tmp_path / "forced.onnx")
     with pytest.raises(OrtError, match="node 'n_a': B is not a constant initializer"):
         RiscvSession(tmp_path / "forced.onnx", "1.23", custom_ops=lib)
+
+
+def test_a_second_registration_leaves_earlier_sessions_as_they_were(tmp_path):
+    """The library reads IMEGEN_IME_HARTS once per process: a session created later with another value neither
+    changes nor crashes an earlier one (which re-read the harts used to: a Run then found no packed B and
+    crashed). Both orders; the Run's output against stock ORT's."""
+    from imegen.ort import sysroot
+    from imegen.ort.riscv import RiscvSession as Stock
+
+    specs = imegen.load_spec(SPEC)
+    lib = imegen.build_ort_library(specs)
+    model = two_node_model(np.random.default_rng(7))
+    keep = [n for n in model.graph.node if n.name == "n_a"]
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    model.graph.node[0].output[0] = "Y"
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("Y", TensorProto.FLOAT, None))
+    onnx.save(model, tmp_path / "stock.onnx")
+    imegen.rewrite_model(model, specs)
+    onnx.save(model, tmp_path / "imegen.onnx")
+    root = sysroot.ensure("1.23")
+    exe = toolchain.compile_c([Path(__file__).parent / "c" / "two_sessions.c"], tmp_path / "two_sessions",
+                              march="rv64gc", include_dirs=[sysroot.include_dir(root)], extra_flags=["-std=gnu11", "-ldl"])
+    A = ((np.arange(K) * 37) % 17 / 17.0 - 0.5).astype(np.float32)[None]
+    with Stock(tmp_path / "stock.onnx", "1.23") as s:
+        stock = s.run({"A": A})
+    for first, second in (("none", "0-1"), ("0-1", "none")):
+        run = subprocess.run([toolchain.QEMU, "-L", str(root), "-cpu", toolchain.qemu_cpu(256), str(exe),
+                              str(sysroot.library(root)), str(tmp_path / "imegen.onnx"), str(lib), first, second,
+                              str(K), str(NODES["n_a"])], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, (first, second, run.returncode, run.stderr[-2000:])
+        Y = np.array([float(v) for v in run.stdout.split()], np.float32)[None]
+        assert all(o.ok for o in compare_outputs({"Y": stock["Y"]}, {"Y": Y}, 4)), (first, second)
+
+
+def test_more_gemm_kernels_than_the_library_holds_are_refused_by_both(tmp_path):
+    """serve() and the library agree on the limit of gemm kernels (different min_rows) per node: both refuse,
+    neither silently drops one (the library used to keep the spec's first six, so an M = 2 Run ran another
+    kernel than the report said)."""
+    from imegen.ort.serving import MAX_GEMM
+
+    text = "defaults { bits = 4 block = 32 zero_point = symmetric compute = fp32 target = scalar tile = 2x8 panel = 16 }\n"
+    text += "".join(f"kernel r{rows} {{ min_rows = {rows} }}\n" for rows in range(MAX_GEMM + 2, 1, -1))
+    specs = imegen.load_spec(text)
+    need = NodeNeeds(bits=4, block=32, accuracy_level=0, asymmetric=False, bias=False, N=64, K=K)
+    assert len(serve(specs[1:], need).gemm) == MAX_GEMM  # at the limit: served
+    s = serve(specs, need)
+    assert not s.ok and f"{MAX_GEMM + 1} gemm kernels of different min_rows" in s.reason
+    model = two_node_model(np.random.default_rng(7))
+    for node in model.graph.node:
+        node.domain = "ai.imegen"
+        next(a for a in node.attribute if a.name == "accuracy_level").i = 0
+    model.opset_import.add(domain="ai.imegen", version=1)
+    onnx.save(model, tmp_path / "forced.onnx")
+    with pytest.raises(OrtError, match=f"more than {MAX_GEMM} gemm kernels"):
+        RiscvSession(tmp_path / "forced.onnx", "1.23", custom_ops=imegen.build_ort_library(specs))

@@ -594,10 +594,13 @@ def load_model(path: Path):
     if not path.is_file():
         raise AccelerateError(f"{path}: no such model file")
     try:
-        return onnx.load(str(path), load_external_data=False)
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf's DecodeError and friends
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise AccelerateError(f"{path}: not an ONNX model ({why})") from None
+    if not model.HasField("graph"):  # an empty file parses as an empty ModelProto
+        raise AccelerateError(f"{path}: not an ONNX model (it holds no graph)")
+    return model
 
 
 def quantization_words(need: NodeNeeds) -> str:
@@ -649,6 +652,11 @@ def _checked_output(opts: Options) -> Path:
         raise AccelerateError(f"-o {out}: exists and is not a folder")
     if (out / "model.onnx").exists() and os.path.samefile(out / "model.onnx", opts.model):
         raise AccelerateError(f"-o {out}: {out / 'model.onnx'} is MODEL itself; write to another folder")
+    # A folder an earlier run wrote holds its report: only there may outputs be replaced or removed.
+    foreign = [name for name in ("model.onnx", "libimegen_ort.so") if (out / name).exists()]
+    if foreign and not (out / "report.txt").exists():
+        raise AccelerateError(f"-o {out}: holds {' and '.join(foreign)}, which imegen ort-accelerate did not write "
+                              "(no report.txt); write to an empty folder or one it wrote before")
     return out
 
 

@@ -37,12 +37,14 @@
 #define MAX_KERNELS 256
 /* Column slices of a node's B: one per IME core of a K1 (cores 0-3), the threads ORT should run there. */
 #define SLICES 4
-/* Kernels one node may run: a gemv, gemm kernels for different row counts, a fallback. */
-#define NODE_KERNELS 8
+/* Kernels one node may run: a gemv, up to MAX_GEMM gemm kernels for different row counts, a fallback
+ * (imegen/ort/serving.py refuses a node more gemm kernels would serve, with the same limit). */
+#define MAX_GEMM 14
+#define NODE_KERNELS (MAX_GEMM + 2)
 
 enum { IN_A, IN_B, IN_SCALES, IN_ZP, IN_GIDX, IN_BIAS, N_INPUTS };
 /* matmul status codes of the library's own (negative: never a kernel's) */
-enum { ST_NO_MEMORY = -1, ST_NO_IME_HART = -2 };
+enum { ST_NO_MEMORY = -1, ST_NO_IME_HART = -2, ST_NO_FALLBACK_PACK = -3 };
 
 typedef struct imegen_kernel_entry kernel_t;
 
@@ -259,22 +261,25 @@ static size_t candidates(const struct needs *q, enum kind kind, const kernel_t *
     return count;
 }
 
-/* gemv, the gemm kernels (the spec's first per min_rows, ascending) and, for IME, the fallback. */
-static void choose(struct node *n, const struct needs *q) {
+/* gemv, the gemm kernels (the spec's first per min_rows, ascending) and, for IME, the fallback; 0, or -1 when
+ * more than MAX_GEMM gemm kernels would serve the node. */
+static int choose(struct node *n, const struct needs *q) {
     const kernel_t *found[MAX_KERNELS];
     n->gemv = candidates(q, GEMV, found) ? found[0] : NULL;
     size_t count = candidates(q, GEMM, found);
     n->n_gemm = 0;
-    for (size_t i = 0; i < count && n->n_gemm < NODE_KERNELS - 2; i++) {
+    for (size_t i = 0; i < count; i++) {
         size_t at = n->n_gemm, dup = 0;
         for (size_t j = 0; j < n->n_gemm; j++) dup |= n->gemm[j]->min_rows == found[i]->min_rows;
         if (dup) continue;
+        if (n->n_gemm == MAX_GEMM) return -1;
         while (at > 0 && n->gemm[at - 1]->min_rows > found[i]->min_rows) n->gemm[at] = n->gemm[at - 1], at--;
         n->gemm[at] = found[i], n->n_gemm++;
     }
     int ime = n->gemv && is_ime(n->gemv);
     for (size_t i = 0; i < n->n_gemm; i++) ime |= is_ime(n->gemm[i]);
     n->fallback = ime && candidates(q, FALLBACK, found) ? found[0] : NULL;
+    return 0;
 }
 
 static const kernel_t *kernel_for(const struct node *n, size_t M) {
@@ -334,25 +339,27 @@ static OrtStatus *pack(struct node *n, const kernel_t *k) {
     TRY(check_hart(n, k));
     if (packed_slices(n, k->layout)) return NULL;
 #ifdef IMEGEN_IME_EMULATION
-    static int installed;
-    if (is_ime(k) && !__atomic_exchange_n(&installed, 1, __ATOMIC_SEQ_CST)) imegen_ime_emu_install();
+    static pthread_once_t emulator = PTHREAD_ONCE_INIT; /* every session waits until the handler is in place */
+    if (is_ime(k)) pthread_once(&emulator, imegen_ime_emu_install);
 #endif
     struct packed *p = &n->packs[n->n_packs];
     const size_t kb = (n->K + (size_t)k->block - 1) / (size_t)k->block, blob = (size_t)(k->block * k->bits / 8);
     const size_t zstride = (kb * (size_t)k->bits + 7) / 8;
+    size_t bytes = 0;
     for (size_t i = 0; i < n->slices; i++) {
         const size_t n0 = i * n->width, cols = n->N - n0 < n->width ? n->N - n0 : n->width;
         p->slice[i] = malloc(k->packed_b_size(cols, n->K) + 1); /* malloc's alignment: packed B must be 8-byte aligned */
         if (!p->slice[i]) {
-            for (size_t j = 0; j < i; j++) free(p->slice[j]);
+            for (size_t j = 0; j < i; j++) free(p->slice[j]), p->slice[j] = NULL;
             return fail(ORT_FAIL, "imegen: node '%s': out of memory packing B", n->name);
         }
-        n->bytes += k->packed_b_size(cols, n->K);
-        __atomic_fetch_add(&packed_bytes, k->packed_b_size(cols, n->K), __ATOMIC_RELAXED);
+        bytes += k->packed_b_size(cols, n->K);
         k->pack_b(cols, n->K, n->b + n0 * kb * blob, n->scales + n0 * kb, n->zp ? n->zp + n0 * zstride : NULL,
                   p->slice[i]);
     }
     p->layout = k->layout;
+    n->bytes += bytes;
+    __atomic_fetch_add(&packed_bytes, bytes, __ATOMIC_RELAXED);
     __atomic_store_n(&n->n_packs, n->n_packs + 1, __ATOMIC_RELEASE);
     return NULL;
 }
@@ -391,7 +398,13 @@ static OrtStatus *create(const OrtKernelInfo *info, struct node *n) {
     size_t size = sizeof n->name, count = 0;
     OrtStatus *st = ort->KernelInfo_GetNodeName(info, n->name, &size);
     if (st) ort->ReleaseStatus(st), snprintf(n->name, sizeof n->name, "?");
-    if (!n->name[0]) snprintf(n->name, sizeof n->name, "(unnamed MatMulNBits)");
+    if (!n->name[0]) { /* as imegen/ort/rewrite.py names it */
+        char out[200];
+        size_t out_size = sizeof out;
+        st = ort->KernelInfo_GetOutputName(info, 0, out, &out_size);
+        if (st) ort->ReleaseStatus(st), snprintf(out, sizeof out, "?");
+        snprintf(n->name, sizeof n->name, "(unnamed, output %s)", out);
+    }
     TRY(ort->KernelInfo_GetInputCount(info, &count));
     const int64_t K = attr(info, "K", -1), N = attr(info, "N", -1), bits = attr(info, "bits", 4),
                   block = attr(info, "block_size", -1), level = attr(info, "accuracy_level", 0);
@@ -406,7 +419,9 @@ static OrtStatus *create(const OrtKernelInfo *info, struct node *n) {
                     (long long)level);
     /* Levels 0-3 compute in fp32 (ORT's CPU has no fp16/bf16 path for them), level 4 in int8. */
     const struct needs q = {(int)bits, (int)block, level == 4, present(info, count, IN_ZP), n->has_bias, n->N, n->K};
-    choose(n, &q);
+    if (choose(n, &q))
+        return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': more than %d gemm kernels (of different min_rows) in %s "
+                    "serve it; the library holds at most %d per node", n->name, MAX_GEMM, imegen_spec_file, MAX_GEMM);
     if (!n->gemv && !n->n_gemm)
         return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': no kernel in %s serves bits %lld, block_size %lld, %s "
                     "compute, %s zero points, %s bias", n->name, imegen_spec_file, (long long)bits, (long long)block,
@@ -485,7 +500,7 @@ static int run_fallback(const struct slices_job *j, size_t i) {
         packed = packed_slices(n, k->layout);
     }
     pthread_mutex_unlock(&n->lock);
-    if (!packed) return ST_NO_MEMORY;
+    if (!packed) return ST_NO_FALLBACK_PACK;
     size_t n0;
     const size_t cols = slice_columns(n, i, &n0), ws_bytes = k->workspace_size(j->M, n->K);
     void *ws = malloc(ws_bytes ? ws_bytes : 1);
@@ -524,6 +539,8 @@ static const char *status_text(int status) {
     case 1: return ": VLEN not accepted on this hart";
     case 3: return ": an A block's max |a| exceeds 127 x 65504, or A holds a NaN (fp16 A scales)";
     case ST_NO_MEMORY: return ": out of memory";
+    case ST_NO_FALLBACK_PACK: return ": the fallback kernel could not be packed (this hart's VLEN is not one it "
+                                     "accepts, or out of memory)";
     case ST_NO_IME_HART: return ": this thread cannot run on an IME hart (sched_setaffinity refused), and the spec "
                                 "has no fallback kernel for the node";
     default: return "";
@@ -568,6 +585,8 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
     if (k != kernel_for(n, M)) /* no IME hart in this process: every slice runs on the fallback */
         __atomic_fetch_add(&slices_fallback, n->slices, __ATOMIC_RELAXED);
     struct slices_job j = {n, k, packed_slices((struct node *)n, k->layout), NULL, NULL, NULL, NULL, M, 0, 0};
+    if (!j.packed) /* create() packs every kernel a Run can pick: this would be a bug, reported, not a crash */
+        return fail(ORT_FAIL, "imegen: node '%s': kernel %s has no packed B (internal error)", n->name, k->name);
     const void *a, *bias = NULL;
     void *c;
     TRY(tensor_data(a_value, &a));
@@ -622,6 +641,10 @@ static int ORT_API_CALL start_version(const OrtCustomOp *op) { (void)op; return 
 static int ORT_API_CALL end_version(const OrtCustomOp *op) { (void)op; return 2147483647; }
 
 static OrtCustomOp matmul_nbits_op;
+static pthread_once_t process_once = PTHREAD_ONCE_INIT;
+static const char *hart_list_error; /* a malformed IMEGEN_IME_HARTS: every registration fails with it */
+static char hart_list_text[128];
+static void init_process(void);
 
 /* imegen_ort_stats()'s text, rebuilt by each call (the caller reads it before calling again). */
 static char *stats_text;
@@ -661,6 +684,8 @@ static void append_route(size_t *at, const struct node *n) {
  * "ime_slices on_ime N pinned N fallback N"; "packed_bytes N" (B packed by the live nodes); "route NODE: ..."
  * per live node; "vmadots N" in emulation builds. For tests, ort-model-check and ort-accelerate's users. */
 const char *imegen_ort_stats(void) {
+    static pthread_mutex_t stats_lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&stats_lock); /* one caller at a time rebuilds the text */
     size_t at = 0;
     char harts[256];
     if (stats_text) stats_text[0] = 0;
@@ -677,6 +702,7 @@ const char *imegen_ort_stats(void) {
 #ifdef IMEGEN_IME_EMULATION
     append(&at, "vmadots %lu\n", imegen_ime_emu_count());
 #endif
+    pthread_mutex_unlock(&stats_lock);
     return stats_text ? stats_text : "";
 }
 
@@ -692,9 +718,22 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
         return oldest ? oldest->CreateStatus(ORT_FAIL, msg) : NULL;
     }
     if (imegen_kernel_count > MAX_KERNELS) return fail(ORT_FAIL, "imegen: more than %d kernels", MAX_KERNELS);
-    const char *bad = find_ime_harts();
-    if (bad) return fail(ORT_INVALID_ARGUMENT, "imegen: %s=\"%s\" %s", IMEGEN_IME_HARTS_ENV,
-                         getenv(IMEGEN_IME_HARTS_ENV), bad);
+    /* Once per process: sessions created earlier keep running on what they were packed for, and a Run never
+     * sees the hart set or the operator table half rewritten. */
+    pthread_once(&process_once, init_process);
+    if (hart_list_error) return fail(ORT_INVALID_ARGUMENT, "imegen: %s=\"%s\" %s", IMEGEN_IME_HARTS_ENV,
+                                     hart_list_text, hart_list_error);
+    OrtCustomOpDomain *domain;
+    TRY(ort->CreateCustomOpDomain(IMEGEN_DOMAIN, &domain));
+    TRY(ort->CustomOpDomain_Add(domain, &matmul_nbits_op));
+    return ort->AddCustomOpDomain(options, domain);
+}
+
+/* The library's process-wide state: which harts have IME (IMEGEN_IME_HARTS as it was when the library was first
+ * registered) and the operator ORT calls. */
+static void init_process(void) {
+    hart_list_error = find_ime_harts();
+    if (hart_list_error) snprintf(hart_list_text, sizeof hart_list_text, "%s", getenv(IMEGEN_IME_HARTS_ENV));
     OrtCustomOp *op = &matmul_nbits_op;
     memset(op, 0, sizeof *op);
     op->version = ORT_API_VERSION;
@@ -716,8 +755,4 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
     op->KernelComputeV2 = compute;
     op->GetStartVersion = start_version;
     op->GetEndVersion = end_version;
-    OrtCustomOpDomain *domain;
-    TRY(ort->CreateCustomOpDomain(IMEGEN_DOMAIN, &domain));
-    TRY(ort->CustomOpDomain_Add(domain, op));
-    return ort->AddCustomOpDomain(options, domain);
 }

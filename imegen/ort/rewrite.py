@@ -13,7 +13,8 @@ from .customop import DOMAIN
 from .serving import NodeNeeds, Serving, serve
 
 MS_DOMAIN = "com.microsoft"
-FLOAT16 = 10  # onnx.TensorProto.FLOAT16
+FLOAT, FLOAT16 = 1, 10  # onnx.TensorProto.FLOAT, FLOAT16
+TYPE_NAMES = {11: "float64", 16: "bfloat16"}  # other types T could name (T is the scales' type)
 UINT8 = 2  # onnx.TensorProto.UINT8
 INT8_LEVEL = 4
 
@@ -51,9 +52,15 @@ def constant_initializers(graph) -> dict:
 def node_needs(node, initializers: dict) -> tuple[NodeNeeds | None, str]:
     """What the node asks of a kernel, or (None, why the library cannot take it whatever the spec)."""
     ins = list(node.input) + [""] * (6 - len(node.input))
+    for i, what in ((1, "B"), (2, "scales")):
+        if not ins[i]:
+            return None, f"it has no {what} input"
     for i, what in ((1, "B"), (2, "scales"), (3, "zero_points")):
         if ins[i] and ins[i] not in initializers:
             return None, f"{what} ({ins[i]}) is not a constant initializer"
+    scales_type = initializers[ins[2]].data_type
+    if scales_type not in (FLOAT, FLOAT16):
+        return None, f"its scales are {TYPE_NAMES.get(scales_type, f'type {scales_type}')}: imegen's kernels take float32"
     a = _attrs(node)
     zp = initializers.get(ins[3])
     return NodeNeeds(bits=int(a.get("bits", 4)), block=int(a.get("block_size", 0)),

@@ -24,6 +24,7 @@ from ..ir import KernelSpec
 # ORT's accuracy_level -> the arithmetic its CPU MatMulNBits uses. Levels 2 (fp16) and 3 (bf16) have no
 # MLAS kernels on CPU, so ORT computes them as level 0 does: dequantized B, fp32 products.
 COMPUTE_FOR_LEVEL = {0: "fp32", 1: "fp32", 2: "fp32", 3: "fp32", 4: "int8"}
+MAX_GEMM = 14  # gemm kernels (of different min_rows) one node may have: customop_lib.c's MAX_GEMM
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,9 @@ def serve(specs: list[KernelSpec], need: NodeNeeds) -> Serving:
     by_rows: dict[int, str] = {}
     for s in gemm:
         by_rows.setdefault(s.min_rows, s.name)  # the spec's first kernel for each min_rows
+    if len(by_rows) > MAX_GEMM:
+        return Serving(reason=f"{len(by_rows)} gemm kernels of different min_rows serve it; the library holds at most "
+                              f"{MAX_GEMM} per node")
     uses_ime = any(targets.of(s).needs_ime for s in (*gemv[:1], *(s for s in gemm if by_rows.get(s.min_rows) == s.name)))
     fallbacks = _for_shape([s for s in group if s.fallback], need) if uses_ime else []
     return Serving(gemv[0].name if gemv else None, tuple(sorted(by_rows.items())),
