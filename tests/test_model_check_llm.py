@@ -387,6 +387,10 @@ def test_the_peer_criterion_on_known_deviations():
     nan = mine.copy()
     nan[7] = np.nan
     assert not judge(nan).ok
+    # a peer output with a NaN vouches for nothing (its deviation is infinite, every ratio to it 0)
+    peer_nan = theirs.copy()
+    peer_nan[7] = np.nan
+    assert not judge(mine, peer=peer_nan).ok
     # within the tolerance: a pass, whatever the peer did
     assert judge(stock + np.float32(0.05), peer=stock).ok
 

@@ -95,7 +95,9 @@ class OutputAgreement:
     def like_peer(self) -> bool:
         """imegen no further from stock than the peer's own level 4, within the factors."""
         r = self.ratios
-        return r is not None and r[0] <= PEER_MAX_FACTOR and r[1] <= PEER_RMS_FACTOR
+        if r is None or not (np.isfinite(self.peer.max_abs) and np.isfinite(self.peer.rms)):
+            return False  # a peer output with a NaN (or of another shape) vouches for nothing
+        return r[0] <= PEER_MAX_FACTOR and r[1] <= PEER_RMS_FACTOR
 
 
 def _ratio(a: float, b: float) -> float:
