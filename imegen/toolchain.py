@@ -176,16 +176,24 @@ def _vlen_probe() -> Path:
     return cache.entry("vlen-probe", Inputs(strings=(VLEN_PROBE,), tools=(HOST_CC,)).key(), fill) / "vlen_probe"
 
 
+CPU_SETSIZE = 1024  # glibc's cpu_set_t: the harts runtime/harts.h can name
+
+
 def parse_harts(text: str) -> tuple[int, ...]:
     """A hart list ("0-3", "0,2", "0-1,6"; "" or "none": none) -> the hart numbers; a malformed one is a
-    HostError. The custom-op library reads IMEGEN_IME_HARTS the same way (runtime/harts.h)."""
+    HostError. Exactly what the custom-op library and the emulator accept (runtime/harts.h; tests/test_serving.py
+    runs both on the same lists): no spaces, no empty items, harts below CPU_SETSIZE."""
+    if text in ("", "none"):
+        return ()
     harts: set[int] = set()
-    for part in filter(None, (p.strip() for p in ("" if text.strip() == "none" else text).split(","))):
+    for part in text.split(","):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
-        if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
-            raise HostError(f"{IME_HARTS_ENV}={text!r}: expected hart numbers and ranges such as 0-3 or 0,2, "
-                            f"or none")
-        harts.update(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
+        low = int(m.group(1)) if m else 0
+        high = int(m.group(2) or low) if m else -1
+        if not m or high < low or high >= CPU_SETSIZE:
+            raise HostError(f"{IME_HARTS_ENV}={text!r}: expected hart numbers and ranges below {CPU_SETSIZE} such as "
+                            "0-3 or 0,2, or none")
+        harts.update(range(low, high + 1))
     return tuple(sorted(harts))
 
 
@@ -287,6 +295,18 @@ def compile_ime_emu(out: Path, *, compiler: str = "clang") -> Path:
     return compile_c([RUNTIME_DIR / "ime_emu.c"], out, compiler=compiler, march="rv64gc")
 
 
+def _on_named_ime_harts(ime: bool) -> list[str]:
+    """Under QEMU the IME emulator gives every hart IME, or only those IMEGEN_IME_HARTS names: a program that
+    executes vmadot then runs pinned to them, as a K1 runs it on its IME cores (taskset's prefix, or none)."""
+    named = os.environ.get(IME_HARTS_ENV)
+    if not ime or named is None:
+        return []
+    harts = parse_harts(named)
+    if not harts:
+        raise HostError(f"not run: {IME_HARTS_ENV}={named!r} names no hart with IME, and this program executes vmadot")
+    return ["taskset", "-c", hart_list(harts)]
+
+
 def launch(exe: str, *, vlen: int | None = 256, ime: bool = False, host: bool = False) -> list[str]:
     """The command that runs riscv64 program `exe` on a hart of `vlen` (None: any; under QEMU its default)
     that has IME if `ime`: qemu-riscv64 on another machine; on a riscv64 one, the program itself where the
@@ -296,7 +316,7 @@ def launch(exe: str, *, vlen: int | None = 256, ime: bool = False, host: bool = 
         return [exe]
     here = current_host()
     if not here.native:
-        return [QEMU, "-L", str(SYSROOT), "-cpu", qemu_cpu(vlen), exe]
+        return _on_named_ime_harts(ime) + [QEMU, "-L", str(SYSROOT), "-cpu", qemu_cpu(vlen), exe]
     why = here.cannot_run(vlen, ime)
     if why is None:
         return (["taskset", "-c", hart_list(here.ime_harts)] if ime else []) + [exe]

@@ -146,6 +146,8 @@ def test_a_vmadot_on_a_hart_without_ime_dies(monkeypatch):
     kernel = imegen.build_kernel(imegen.load_spec(SPEC), "any_gemv")
     qw = oc.ort_quantized_weights(np.random.default_rng(0).normal(0, 0.25, (K, 16)).astype(np.float32), 4, 32, True)
     A = np.ones((1, K), np.float32)
+    # imegen runs such a driver pinned to the named harts (toolchain.launch); here it must not be
+    monkeypatch.setattr(toolchain, "_on_named_ime_harts", lambda ime: [])
     saved = os.sched_getaffinity(0)
     try:
         os.sched_setaffinity(0, {1})
@@ -204,9 +206,16 @@ def harts_exe(tmp_path_factory):
 @pytest.mark.parametrize("text, expect", [
     ("0-3", "0 1 2 3 "), ("0,2", "0 2 "), ("1-2,5", "1 2 5 "), ("", "none"), ("none", "none"), ("7", "7 "),
     ("3-1", "bad"), ("a", "bad"), ("0-", "bad"), ("-1", "bad"), ("1,,2", "bad"), ("0,", "bad"), ("99999", "bad"),
+    (" none", "bad"), ("0 ,1", "bad"), ("2000", "bad"), ("+1", "bad"), ("0-+3", "bad"),
 ])
 def test_hart_lists(harts_exe, text, expect):
+    """runtime/harts.h, and toolchain.parse_harts (imegen's own runs) reading the list the same way."""
     assert subprocess.run([harts_exe, text], capture_output=True, text=True).stdout.strip() == expect.strip()
+    try:
+        mine = " ".join(map(str, toolchain.parse_harts(text))) or "none"
+    except toolchain.HostError:
+        mine = "bad"
+    assert mine == expect.strip()
 
 
 def cpuinfo(marchids):
@@ -371,3 +380,22 @@ def test_more_gemm_kernels_than_the_library_holds_are_refused_by_both(tmp_path):
     onnx.save(model, tmp_path / "forced.onnx")
     with pytest.raises(OrtError, match=f"more than {MAX_GEMM} gemm kernels"):
         RiscvSession(tmp_path / "forced.onnx", "1.23", custom_ops=imegen.build_ort_library(specs))
+
+
+def test_imegen_runs_its_ime_programs_on_the_named_harts(monkeypatch):
+    """With IMEGEN_IME_HARTS set, imegen's own IME programs (check's drivers) run pinned to those harts under
+    QEMU, as on a K1: exported for the library, the variable does not make `imegen check` die at random."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.fail("this test needs two CPUs (CI has two): one with IME, one without")
+    kernel = imegen.build_kernel(imegen.load_spec(SPEC), "any_gemv")
+    qw = oc.ort_quantized_weights(np.random.default_rng(0).normal(0, 0.25, (K, 16)).astype(np.float32), 4, 32, True)
+    saved = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {1})
+        monkeypatch.setenv("IMEGEN_IME_HARTS", "0")
+        assert kernel.compare(np.ones((3, K), np.float32), qw.data, qw.scales, K=K).ok
+        monkeypatch.setenv("IMEGEN_IME_HARTS", "none")
+        with pytest.raises(toolchain.HostError, match="names no hart with IME"):
+            kernel.run(np.ones((1, K), np.float32), qw.data, qw.scales, K=K)
+    finally:
+        os.sched_setaffinity(0, saved)

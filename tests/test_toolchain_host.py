@@ -190,8 +190,8 @@ def test_ime_harts_from_cpuinfo_and_override():
     assert toolchain.ime_harts(QEMU_CPUINFO, "0-3") == (0, 1, 2, 3)
     assert toolchain.ime_harts(K1_CPUINFO, "") == () and toolchain.ime_harts(K1_CPUINFO, "none") == ()
     assert toolchain.ime_harts(K1_CPUINFO, "0,2") == (0, 2)
-    assert toolchain.ime_harts(K1_CPUINFO, " 0-1, 6 ") == (0, 1, 6)
-    for bad in ("x", "3-1", "0-", "1;2"):
+    assert toolchain.ime_harts(K1_CPUINFO, "0-1,6") == (0, 1, 6)
+    for bad in ("x", "3-1", "0-", "1;2", " 0-1, 6 "):  # as the library reads it: no spaces
         with pytest.raises(HostError, match="IMEGEN_IME_HARTS"):
             toolchain.ime_harts(K1_CPUINFO, bad)
     assert toolchain.hart_list((0, 1, 2, 3, 6)) == "0-3,6" and toolchain.hart_list((1,)) == "1"
