@@ -88,3 +88,15 @@ def test_a_float16_model_is_kept_with_the_reason_and_exits_3(tmp_path, capsys):
     assert code == 3
     assert any(l.startswith("kept ") and "T is float16" in l for l in lines), lines
     assert lines[-1].startswith("0 of 2 MatMulNBits nodes served; 2 kept (2 T is float16")
+
+
+def test_compute_int8_output_checks_out(tmp_path, capsys):
+    """`ort-accelerate --compute int8` moves level-0 nodes onto IME as level 4; the model check of its spec
+    rewrites the same way (int8_compute) and judges them by level 4's tolerance."""
+    model = save(gl.ort_quantizer_model(), tmp_path / "q.onnx")
+    assert main(["ort-accelerate", str(model), "-o", str(tmp_path / "out"), "--flavour", "qemu",
+                 "--compute", "int8"]) == 0
+    specs = load_specs(tmp_path / "out" / "model.imegen")
+    assert not model_check(specs, model).moved  # level 0 as written: the int8 kernels serve none of it
+    check = model_check(specs, model, int8_compute=True)
+    assert check.ok and check.level == 4 and check.stats["vmadots"] > 0, check.report()
