@@ -37,6 +37,7 @@ from pathlib import Path
 from ..cli_types import add_command
 from ..errors import SpecError
 from ..ir import _CHOICES, DIM_RANGE, KernelSpec, load_specs, specs_from_text
+from .external_data import ExternalDataError, checked_location, external_files
 from .serving import COMPUTE_FOR_LEVEL, NodeNeeds, Serving, refusal, serve
 
 TUNING_TABLE = Path(__file__).with_name("tuning.json")
@@ -312,7 +313,7 @@ def fallback_config(group: Group) -> Config:
 
 def fp32_config(group: Group, role: str) -> Config:
     """bench's rvv-fp32 baseline (VLEN 256) with the node's quantization."""
-    from ..perf.bench import baseline_settings
+    from ..perf.baselines.dsl import baseline_settings
 
     settings = {**baseline_settings("rvv-fp32", group.block, TUNED_M[role]), **group.quantization()}
     return Config(tuple(sorted(settings.items())), "bench's rvv-fp32 baseline")
@@ -457,49 +458,18 @@ def _check_serving(d: Derivation, nodes: list[InspectedNode], compute: str | Non
 
 
 # ----------------------------------------------------------------------------- files
-def _tensors(graph):
-    """Every TensorProto of a graph and its subgraphs (where external data can be referenced)."""
-    yield from graph.initializer
-    for sparse in graph.sparse_initializer:
-        yield sparse.values
-        yield sparse.indices
-    for node in graph.node:
-        for a in node.attribute:
-            if a.HasField("t"):
-                yield a.t
-            yield from a.tensors
-            if a.HasField("g"):
-                yield from _tensors(a.g)
-            for g in a.graphs:
-                yield from _tensors(g)
+FICLONE = 0x40049409  # linux/fs.h: the copy shares the source's blocks until either is written (btrfs, XFS)
 
 
-def external_files(model) -> list[str]:
-    """The relative paths of the model's external data files, each once, as the model names them."""
-    from onnx import TensorProto
-
-    names = []
-    for t in _tensors(model.graph):
-        if t.data_location == TensorProto.EXTERNAL:
-            loc = next((e.value for e in t.external_data if e.key == "location"), "")
-            if loc not in names:
-                names.append(loc)
-    return names
-
-
-def _checked_location(loc: str, model_dir: Path) -> Path:
-    rel = Path(loc)
-    if not loc or rel.is_absolute() or ".." in rel.parts:
-        raise AccelerateError(f"external data location {loc!r}: not a path inside the model's folder")
+def _own_location(loc: str, model_dir: Path) -> Path:
+    """An external data file's place inside the model's folder, which ort-accelerate's own outputs must not take."""
+    try:
+        rel = checked_location(loc, model_dir)
+    except ExternalDataError as e:
+        raise AccelerateError(str(e)) from None
     if rel.as_posix() in OUTPUTS:
         raise AccelerateError(f"external data file {loc} would be overwritten by ort-accelerate's own {loc}")
-    src = model_dir / rel
-    if not src.is_file():
-        raise AccelerateError(f"external data file {src} (which the model references) does not exist")
     return rel
-
-
-FICLONE = 0x40049409  # linux/fs.h: the copy shares the source's blocks until either is written (btrfs, XFS)
 
 
 def _replace(dst: Path, fill):
@@ -704,7 +674,7 @@ def accelerate(opts: Options) -> Outcome:
     model = load_model(opts.model)
     out = _checked_output(opts)
     nodes = inspect_model(model)
-    externals = [_checked_location(loc, opts.model.parent) for loc in external_files(model)]
+    externals = [_own_location(loc, opts.model.parent) for loc in external_files(model)]
     specs, spec_text, intended = _kernels(opts, nodes)
     lowered = _lower_levels(model, nodes, specs) if opts.compute == "fp32" else set()
     decisions = rewrite(model, specs, int8_compute=opts.compute == "int8")

@@ -716,13 +716,13 @@ def _save_beside(model, path: Path, original: Path) -> None:
     LLM's gigabytes are never copied, nor pass through Python)."""
     import onnx
 
-    from .accelerate import AccelerateError, _checked_location, external_files
+    from .external_data import ExternalDataError, checked_location, external_files
 
     onnx.save(model, str(path))
     for location in external_files(model):  # every tensor's: subgraphs, sparse initializers, attributes
         try:
-            rel = _checked_location(location, original.parent)  # inside the model's folder, and there
-        except AccelerateError as e:
+            rel = checked_location(location, original.parent)  # inside the model's folder, and there
+        except ExternalDataError as e:
             raise ModelCheckError(str(e)) from None
         link = path.parent / rel
         link.parent.mkdir(parents=True, exist_ok=True)
