@@ -100,3 +100,18 @@ def test_compute_int8_output_checks_out(tmp_path, capsys):
     assert not model_check(specs, model).moved  # level 0 as written: the int8 kernels serve none of it
     check = model_check(specs, model, int8_compute=True)
     assert check.ok and check.level == 4 and check.stats["vmadots"] > 0, check.report()
+
+
+def test_ort_rewrite_keeps_external_weights_in_their_files(tmp_path, capsys):
+    """ort-rewrite never loads a model's external weights into Python (a real LLM's exceed a protobuf's 2 GB):
+    it writes the rewritten graph and places the data files next to it, and the result loads whole."""
+    spec = tmp_path / "k.imegen"
+    spec.write_text("defaults { bits = 4 block = 32 zero_point = symmetric compute = int8 }\n"
+                    "kernel g { op = gemv target = ime tile = 1x16 }\n")
+    out = tmp_path / "rewritten" / "model.onnx"
+    out.parent.mkdir()
+    assert main(["ort-rewrite", str(spec), str(REAL_B32), "-o", str(out)]) == 0
+    assert "11 of 11 MatMulNBits nodes moved" in capsys.readouterr().out
+    assert (out.parent / "model.onnx.data").read_bytes() == (REAL_B32.parent / "model.onnx.data").read_bytes()
+    loaded = onnx.load(str(out))  # with its external data, from the new folder
+    assert sum(n.domain == "ai.imegen" for n in loaded.graph.node) == 11

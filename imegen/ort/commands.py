@@ -57,14 +57,33 @@ def add_commands(sub) -> None:
 
 
 def _load_model(path: str):
+    """The model's graph, its external weights left in their files (a real LLM's do not fit a protobuf)."""
     import onnx
 
     if not Path(path).is_file():
         raise UsageError(f"{path}: no such model file")
     try:
-        return onnx.load(path)
+        model = onnx.load(path, load_external_data=False)
     except Exception as e:  # onnx raises DecodeError and friends
         raise UsageError(f"{path}: not an ONNX model ({e})") from None
+    if not model.HasField("graph"):  # an empty file parses as an empty ModelProto
+        raise UsageError(f"{path}: not an ONNX model (it holds no graph)")
+    return model
+
+
+def _save_rewritten(model, source: Path, output: Path) -> None:
+    """The rewritten graph at `output`, the source's external data files placed next to it under their names."""
+    from .accelerate import place_file
+    from .external_data import ExternalDataError, checked_location, external_files
+
+    try:
+        files = [checked_location(loc, source.parent) for loc in external_files(model)]
+    except ExternalDataError as e:
+        raise UsageError(str(e)) from None
+    output.write_bytes(model.SerializeToString())
+    for rel in files:
+        (output.parent / rel).parent.mkdir(parents=True, exist_ok=True)
+        place_file(source.parent / rel, output.parent / rel)
 
 
 def run_command(args) -> int:
@@ -85,13 +104,11 @@ def run_command(args) -> int:
             print(args.output or lib)
             return 0
         if args.command == "ort-rewrite":
-            import onnx
-
             from .rewrite import rewrite
 
             model = _load_model(args.model)
             decisions = rewrite(model, specs)
-            onnx.save(model, args.output)
+            _save_rewritten(model, Path(args.model), Path(args.output))
             for d in decisions:
                 print(d)
             print(f"{sum(d.moved for d in decisions)} of {len(decisions)} MatMulNBits nodes moved; wrote {args.output}")
