@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import signal
 import sys
 import textwrap
 import time
@@ -395,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e.filename}: {e.strerror}" if e.filename and e.strerror else f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        # Honour the first Ctrl-C: a second one while imegen winds down (its builders cleaning up) must not
+        # kill it half way with a traceback or a signal status.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("interrupted", file=sys.stderr)
         return 130
 

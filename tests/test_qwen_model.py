@@ -207,7 +207,7 @@ def test_cli_writes_model_and_refuses_bad_block(tmp_path):
     assert qwen.QwenConfig.from_model(out).layers == 1
     r = subprocess.run([sys.executable, "-m", "imegen", "qwen-model", str(out), "--block", "48"],
                        capture_output=True, text=True)
-    assert r.returncode == 2 and "powers of two from 16 to 256" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "argument --block: expected one of 16, 32, 64, 128, 256, got '48'" in r.stderr and "Traceback" not in r.stderr
 
 
 # ---- end to end in real riscv64 ONNX Runtime under QEMU: stock ORT vs ORT + imegen's custom-op library ----

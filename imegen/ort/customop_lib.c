@@ -114,6 +114,23 @@ static int enter_ime_harts(cpu_set_t *saved) {
     return sched_setaffinity(0, sizeof target, &target) ? -1 : 1;
 }
 
+/* pthread_once's job without it: glibc moved pthread_once into libc in 2.34 (a new symbol version), and the
+ * hardware flavour must load with a K1 distribution's glibc 2.27 and later (tests/test_hardware_flavour.py). */
+struct once {
+    int done;
+    pthread_mutex_t lock;
+};
+
+static void once(struct once *o, void (*fn)(void)) {
+    if (__atomic_load_n(&o->done, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&o->lock);
+    if (!o->done) {
+        fn();
+        __atomic_store_n(&o->done, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&o->lock);
+}
+
 /* ------------------------------------------------------------------------------------------- nodes */
 struct packed {
     int layout;
@@ -339,8 +356,8 @@ static OrtStatus *pack(struct node *n, const kernel_t *k) {
     TRY(check_hart(n, k));
     if (packed_slices(n, k->layout)) return NULL;
 #ifdef IMEGEN_IME_EMULATION
-    static pthread_once_t emulator = PTHREAD_ONCE_INIT; /* every session waits until the handler is in place */
-    if (is_ime(k)) pthread_once(&emulator, imegen_ime_emu_install);
+    static struct once emulator = {0, PTHREAD_MUTEX_INITIALIZER}; /* every session waits for the handler */
+    if (is_ime(k)) once(&emulator, imegen_ime_emu_install);
 #endif
     struct packed *p = &n->packs[n->n_packs];
     const size_t kb = (n->K + (size_t)k->block - 1) / (size_t)k->block, blob = (size_t)(k->block * k->bits / 8);
@@ -641,7 +658,7 @@ static int ORT_API_CALL start_version(const OrtCustomOp *op) { (void)op; return 
 static int ORT_API_CALL end_version(const OrtCustomOp *op) { (void)op; return 2147483647; }
 
 static OrtCustomOp matmul_nbits_op;
-static pthread_once_t process_once = PTHREAD_ONCE_INIT;
+static struct once process_once = {0, PTHREAD_MUTEX_INITIALIZER};
 static const char *hart_list_error; /* a malformed IMEGEN_IME_HARTS: every registration fails with it */
 static char hart_list_text[128];
 static void init_process(void);
@@ -720,7 +737,7 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
     if (imegen_kernel_count > MAX_KERNELS) return fail(ORT_FAIL, "imegen: more than %d kernels", MAX_KERNELS);
     /* Once per process: sessions created earlier keep running on what they were packed for, and a Run never
      * sees the hart set or the operator table half rewritten. */
-    pthread_once(&process_once, init_process);
+    once(&process_once, init_process);
     if (hart_list_error) return fail(ORT_INVALID_ARGUMENT, "imegen: %s=\"%s\" %s", IMEGEN_IME_HARTS_ENV,
                                      hart_list_text, hart_list_error);
     OrtCustomOpDomain *domain;
