@@ -82,3 +82,12 @@ def test_wheel_from_sdist_installs_and_runs_outside_the_checkout(tmp_path):
     assert (Path(module).parent.parent / "templates" / "kernel.c.j2").is_file()  # where imegen.cmake looks first
     r = run(imegen, "check", EXAMPLE.name, cwd=work, env=env)  # exit 0: every build passed
     assert re.search(r"\n(\d+) of \1 builds passed", r.stdout) and "FAIL" not in r.stdout, r.stdout
+
+
+def test_every_package_is_listed_for_the_wheel():
+    """pyproject.toml lists imegen's packages by hand: a package missing there is missing from every wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "imegen").rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)
