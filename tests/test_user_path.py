@@ -98,8 +98,20 @@ def test_compute_int8_output_checks_out(tmp_path, capsys):
                  "--compute", "int8"]) == 0
     specs = load_specs(tmp_path / "out" / "model.imegen")
     assert not model_check(specs, model).moved  # level 0 as written: the int8 kernels serve none of it
-    check = model_check(specs, model, int8_compute=True)
+    check = model_check(specs, model, compute="int8")
     assert check.ok and check.level == 4 and check.stats["vmadots"] > 0, check.report()
+
+
+def test_compute_fp32_output_checks_out(tmp_path, capsys):
+    """`ort-accelerate --compute fp32` runs level-4 nodes on RVV fp32 as level 0; the model check of its spec
+    lowers them the same way and holds them to ORT's fp32 tolerance."""
+    model = REAL_B32
+    assert main(["ort-accelerate", str(model), "-o", str(tmp_path / "out"), "--flavour", "qemu",
+                 "--compute", "fp32"]) == 0
+    specs = load_specs(tmp_path / "out" / "model.imegen")
+    assert not model_check(specs, model).moved  # level 4 as written: the fp32 kernels serve none of it
+    check = model_check(specs, model, compute="fp32", seq=3, past=2)
+    assert check.ok and check.level == 0 and not check.stats.get("vmadots"), check.report()
 
 
 def test_ort_rewrite_keeps_external_weights_in_their_files(tmp_path, capsys):

@@ -38,9 +38,9 @@ def add_commands(sub) -> None:
                     help="decoders: KV-cache positions before the prefill (default 7); decode steps follow (M = 1)")
     mc.add_argument("--generate", type=cli_types.at_least(0), default=0, metavar="N",
                     help="decoders: greedy-decode N tokens on both sides; the tokens must be identical")
-    mc.add_argument("--compute", choices=("int8",), default=None,
-                    help="int8: move accuracy_level 0-3 nodes as level 4, as ort-accelerate --compute int8 does "
-                         "(default: each node's own level)")
+    mc.add_argument("--compute", choices=("fp32", "int8"), default=None,
+                    help="as ort-accelerate --compute: int8 moves accuracy_level 0-3 nodes as level 4, fp32 runs "
+                         "level-4 nodes as level 0 (default: each node's own level)")
     lib = cli_types.add_command(sub, "ort-library", "build the ORT custom-op library for SPEC's imegen-ABI kernels")
     lib.add_argument("spec", help="the kernel spec (.imegen)")
     lib.add_argument("--flavour", choices=("hardware", "qemu"), default="hardware",
@@ -127,7 +127,7 @@ def run_command(args) -> int:
         try:
             check = model_check(specs, args.model, spec_file=args.spec, version=args.ort_version, inputs=inputs,
                                 seed=args.seed, dims=dims, threads=args.threads, seq=args.seq, past=args.past,
-                                generate=args.generate, int8_compute=args.compute == "int8")
+                                generate=args.generate, compute=args.compute)
         except ModelCheckError as e:
             raise UsageError(str(e)) from None
         print(check.report())

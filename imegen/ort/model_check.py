@@ -38,7 +38,7 @@ import numpy as np
 from ..ir import KernelSpec
 from .customop import build_library, parse_stats
 from .ort_check import TOLERANCE, tolerance_text
-from .rewrite import NodeDecision, rewrite
+from .rewrite import NodeDecision, lower_to_fp32, rewrite
 from .riscv import DTYPES, RiscvSession
 
 FLOAT_DTYPES = (np.float32, np.float64, np.float16)
@@ -629,11 +629,12 @@ def _decoder_steps(sides: _Sides, dec: Decoder, feeds: dict, level: int, generat
 def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: str = "<spec>", version: str = "1.23",
                 inputs: dict[str, np.ndarray] | None = None, seed: int = 0, dims: dict[str, int] | None = None,
                 threads: int = 1, seq: int = DEFAULT_SEQ, past: int = DEFAULT_PAST, generate: int = 0,
-                int8_compute: bool = False) -> ModelCheck:
+                compute: str | None = None) -> ModelCheck:
     """Check `model_path` in stock ORT vs ORT + imegen (see the module's docstring). `inputs` are the
     (prefill) feeds, else random from `seed`; `dims` size symbolic dims (a decoder's sequence lengths
     come from `seq` and `past`); `generate` > 0 greedy-decodes that many tokens on both sides;
-    `int8_compute`: accuracy levels 0-3 are moved as level 4, as `ort-accelerate --compute int8` does."""
+    `compute`: "int8" moves accuracy levels 0-3 as level 4, "fp32" lowers level 4 to 0 where fp32 kernels
+    serve, as `ort-accelerate --compute int8|fp32` does (None: each node's own level)."""
     dims = dict(dims or {})
     if seq < 1 or past < 0 or generate < 0:
         raise ModelCheckError(f"need seq >= 1, past >= 0, generate >= 0 (got {seq}, {past}, {generate})")
@@ -648,7 +649,9 @@ def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: s
         raise ModelCheckError("generating needs a decoder: inputs input_ids and past_key_values.*, "
                               "outputs logits and present.*")
     lib = build_library(specs, spec_file, flavour="qemu")
-    decisions = rewrite(model, specs, int8_compute=int8_compute)
+    if compute == "fp32":
+        lower_to_fp32(model, specs)
+    decisions = rewrite(model, specs, int8_compute=compute == "int8")
     check = ModelCheck(version, decisions, _level(model), generate=generate, kernels=tuple(s.name for s in specs))
     if not check.moved:
         return check  # nothing imegen would run: no session, and the report says so
@@ -663,9 +666,9 @@ def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: s
             starting = [pool.submit(RiscvSession, model_path, version, threads=threads),
                         pool.submit(RiscvSession, rewritten, version, custom_ops=lib, threads=threads)]
             # Meanwhile the peer. At level 0 the tolerance is fp32's, which whole models meet: no peer needed.
-            peer, check.peer_note = (HostPeer.start(model_path) if check.level == 4 and not int8_compute else
+            peer, check.peer_note = (HostPeer.start(model_path) if check.level == 4 and compute != "int8" else
                                      (None, "no peer: the model's own levels are not 4 (int8 compute was asked for); "
-                                            "judged by the level-4 tolerance alone" if int8_compute else ""))
+                                            "judged by the level-4 tolerance alone" if compute == "int8" else ""))
             sessions = [_result_or_close(f, starting) for f in starting]
         check.peer = peer.name if peer else ""
         sides = _Sides(*sessions, peer)

@@ -110,3 +110,20 @@ def rewrite(model, specs: list[KernelSpec], *, int8_compute: bool = False) -> li
     if any(d.moved for d in decisions) and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.add(domain=DOMAIN, version=1)
     return decisions
+
+
+def lower_to_fp32(model, specs: list[KernelSpec]) -> int:
+    """What `ort-accelerate --compute fp32` does to a model: level-4 nodes the specs serve at fp32 compute get
+    accuracy_level 0 (ORT's fp32 contract). Returns how many were lowered."""
+    initializers = constant_initializers(model.graph)
+    lowered = 0
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits" or node.domain != MS_DOMAIN:
+            continue
+        need, _ = node_needs(node, initializers)
+        if need is not None and need.accuracy_level == INT8_LEVEL and \
+                serve(specs, NodeNeeds(**{**need.__dict__, "accuracy_level": 0})).ok:
+            _set_level(node, 0)
+            lowered += 1
+    return lowered
+
