@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from imegen import toolchain
+from imegen.perf.baselines.llama_cpp.ime2 import encode_pack
 from imegen.targets.ime2.encoding import encode_vmadot, encode_vmadot_hp, encode_vmadot_sp, mnemonic
 
 C_DIR = Path(__file__).parent / "c"
@@ -114,7 +115,44 @@ SPEC_SLIDE = Variant("spec 5.2.6", 16, 0, 8, 8, (Op("ss"), Op("ss", slide=1), Op
 SPEC_SLIDE_FIRST_TWO = Variant("spec 5.2.6, first two", 16, 0, 8, 8, (Op("ss"), Op("ss", slide=1)))
 SPEC_HP_DOT = Variant("spec 5.4.7, its integer dot product", 16, 2, 8, 16, (Op("ss"),))
 SPEC_VARIANTS = [SPEC_BASE, SPEC_SLIDE, SPEC_SLIDE_FIRST_TWO, SPEC_HP_DOT]
-VARIANTS = FORM_VARIANTS + SPEC_VARIANTS
+
+
+@dataclass(frozen=True)
+class PackVariant:
+    """One smt.vpack.vv / smt.vupack.vv: vd, vd+1 (out) from vs1 (the record's a[:128]) and vs2 (b)."""
+    name: str
+    vd: int
+    vs1: int
+    vs2: int
+    sew: int
+    imm2: int
+    unpack: bool
+    ops: tuple[str, ...] = ("pack",)  # one emulated instruction
+
+    @property
+    def a_regs(self) -> list[int]:
+        return [self.vs1]
+
+    def words(self) -> list[int]:
+        return [encode_pack(self.vd, self.vs1, self.vs2, self.imm2, unpack=self.unpack)]
+
+
+def pack_model(a: np.ndarray, b: np.ndarray, sew: int, imm2: int, unpack: bool) -> np.ndarray:
+    """Spec §7.3 / §7.4 (docs/ime2-isa.md §6.1): the 256 bytes of vd || vd+1. pack_len is SEW for imm2 0,
+    else 128 << (imm2 - 1) bits. vpack interleaves vs1's and vs2's chunks; vupack sends the even chunks of
+    the stream vs1 || vs2 to vd and the odd ones to vd+1."""
+    chunk = sew // 8 if imm2 == 0 else 16 << (imm2 - 1)
+    if unpack:
+        stream = np.concatenate([a[:VLENB], b]).reshape(-1, chunk)
+        return np.concatenate([stream[0::2].reshape(-1), stream[1::2].reshape(-1)])
+    return np.stack([a[:VLENB].reshape(-1, chunk), b.reshape(-1, chunk)], axis=1).reshape(-1)
+
+
+PACK_VARIANTS = [PackVariant(f"{'vupack' if unpack else 'vpack'} imm2={imm2} e{sew}", vd, vs1, vs2, sew, imm2, unpack)
+                 for n, (unpack, imm2, sew, (vd, vs1, vs2)) in enumerate(itertools.product(
+                     (False, True), range(4), (8, 16, 32, 64), [(24, 4, 5), (2, 30, 30), (0, 2, 31)]))
+                 if imm2 == 0 or sew in (8, 32)]
+VARIANTS = FORM_VARIANTS + SPEC_VARIANTS + PACK_VARIANTS
 
 
 def variant_function(i: int, v: Variant) -> str:
@@ -199,7 +237,15 @@ PROBES = [
     Probe("vmadot_sp", encode_vmadot_sp(8, 16, 24, mask=0, imm2=1), "e8, m1, ta, ma", NOT_RUN),
     Probe("vmadot_hp", encode_vmadot_hp(8, 16, 24, scale=1, imm3=7, dtype="i4"), "e16, m1, ta, ma", NOT_RUN),
     Probe("vfwmadot", 0x9E62412B, "e16, m1, ta, ma", NOT_RUN),  # smt.vfwmadot v2, v4, v6 (LLVM MC test)
-    Probe("vpack", 0x6652112B, "e8, m1, ta, ma", NOT_RUN),  # smt.vpack.vv v2, v4, v5, 1 (LLVM MC test)
+    Probe("vpack", 0x6652112B, "e8, m1, ta, ma", None),  # smt.vpack.vv v2, v4, v5, 1 (LLVM MC test)
+    Probe("vupack_e64", 0x6652512B, "e64, m1, ta, ma", None),  # smt.vupack.vv v2, v4, v5, 1 (LLVM MC test)
+    Probe("vpack_m2", 0x6652112B, "e8, m2, ta, ma", "vpack/vupack need LMUL 1"),
+    Probe("vupack_vl16", 0x6652512B, "e8, m1, ta, ma", "vpack/vupack need LMUL 1", avl=16),
+    Probe("vpack_vs1_is_vd_plus_1", encode_pack(2, 3, 5, 1, unpack=False), "e8, m1, ta, ma", OVERLAP),
+    Probe("vupack_vs2_is_vd", encode_pack(2, 4, 2, 1, unpack=True), "e8, m1, ta, ma", OVERLAP),
+    Probe("vpack_odd_vd", 0x6652112B | 1 << 7, "e8, m1, ta, ma", NOT_RUN),
+    # smt.vnpack4.vv v1, v4, v5, 3 (spec §8.6.2): [31:26] 010000
+    Probe("vnpack4", 0b010000 << 26 | 1 << 25 | 5 << 20 | 4 << 15 | 3 << 12 | 1 << 7 | 0x2B, "e16, m1, ta, ma", NOT_RUN),
     Probe("custom1_zero", 0x0000002B, "e8, m1, ta, ma", NOT_RUN),
     Probe("compressed_unimp", 0x00000000, "e8, m1, ta, ma", ""),  # no word to report: dies silently
 ]
@@ -413,6 +459,21 @@ def test_every_form_matches_numpy(exe, records):
         if did_wrap:
             wrapped.add(v)
     assert wrapped >= set(range(len(FORM_VARIANTS))), "each form must include an int32 wrap-around case"
+
+
+def test_vpack_vupack_match_the_spec_model(exe):
+    """vpack and vupack at every imm2, imm2 0 under every SEW (it is pack_len), against pack_model."""
+    rng = np.random.default_rng(7)
+    first = VARIANTS.index(PACK_VARIANTS[0])
+    recs = [(first + i, random_c(rng), rng.integers(0, 256, 256, dtype=np.uint8), rng.integers(0, 256, 128, dtype=np.uint8))
+            for i in range(len(PACK_VARIANTS)) for _ in range(3)]
+    got, count = parse_results(run(exe, ["run"], input=encode_records(recs), timeout=120).stdout)
+    assert count == len(recs)
+    for (v, _, a, b), row in zip(recs, got):
+        pv = VARIANTS[v]
+        a_reg = b if pv.vs1 == pv.vs2 else a[:VLENB]  # one register: the driver loads vs2's data last
+        want = pack_model(a_reg, b, pv.sew, pv.imm2, pv.unpack)
+        np.testing.assert_array_equal(row.astype(np.int32).view(np.uint8), want, err_msg=pv.name)
 
 
 def test_forms_cover_the_integer_instructions():

@@ -10,6 +10,12 @@
  *       B^T[8x16] = vs2 bytes (byte 16*j + k is B[k][j]).
  *   i4: A[8x32], B^T[8x32], nibble e of a register in byte e/2 (even e: bits 3:0, odd e: bits 7:4).
  * Accumulation wraps mod 2^32.
+ *
+ * Also vpack.vv / vupack.vv (docs/ime2-isa.md §6.1), which every llama.cpp IME2 kernel uses to lay out
+ * vmadot operands and results: chunks of pack_len bits (imm2: SEW, 128, 256, 512), the destination
+ * being the register pair vd, vd+1 seen as one 2*VLEN-bit stream.
+ *   vpack:  stream = vs1.chunk0, vs2.chunk0, vs1.chunk1, vs2.chunk1, ...
+ *   vupack: the inverse; the stream {vs1, vs2} is split into its even chunks (-> vd) and odd chunks (-> vd+1).
  */
 #define _GNU_SOURCE /* REG_PC and the ucontext_t register names */
 #include "ime2_emu.h"
@@ -55,6 +61,30 @@ struct vmadot {
     unsigned vd, vs1, vs2, slide;
     int int4, a_signed, b_signed;
 };
+
+struct vpack {
+    unsigned vd, vs1, vs2, imm2;
+    int unpack;
+};
+
+/* Decode smt.vpack.vv / smt.vupack.vv (spec §8.6.1): [31:26] 011001, [25] 1, [14] 0 pack / 1 unpack,
+ * [13:12] imm2, vd even. 0 for anything else (the narrowing packs vnpack* are not run). */
+static int vpack_decode(uint32_t w, struct vpack *d) {
+    if ((w & 0x7f) != 0x2b || w >> 25 != 0x33 || (w >> 7 & 1))
+        return 0;
+    d->vd = w >> 7 & 31;
+    d->vs1 = w >> 15 & 31;
+    d->vs2 = w >> 20 & 31;
+    d->unpack = w >> 14 & 1;
+    d->imm2 = w >> 12 & 3;
+    return 1;
+}
+
+/* The spec does not say what a destination pair overlapping a source computes; refuse it rather than
+ * pick an answer (no llama.cpp kernel does it). */
+static int vpack_registers_legal(const struct vpack *d) {
+    return d->vs1 != d->vd && d->vs1 != d->vd + 1 && d->vs2 != d->vd && d->vs2 != d->vd + 1;
+}
 
 /* Decode an IME2 integer vmadot / vmadotN word (docs/ime2-isa.md §3); 0 if it is anything else,
  * including the .sp / .hp / vfwmadot / vpack forms, which this emulator does not run. */
@@ -107,6 +137,17 @@ static int vtype_allows_ime2(void) {
     return !vill && vlmul == 0 && vsew <= 2 && vl == (unsigned long)VLENB >> vsew;
 }
 
+/* vpack/vupack: the pseudocode bounds pack_len by VLEN x LMUL; every llama.cpp use is at LMUL 1 with
+ * vl = VLMAX, SEW 8 to 64 (SEW sets pack_len for imm2 0). Anything else is refused, as for vmadot. */
+static int vtype_allows_pack(void) {
+    unsigned long vtype, vl;
+    __asm__ volatile(WITH_V("csrr %0, vtype") : "=r"(vtype));
+    __asm__ volatile(WITH_V("csrr %0, vl") : "=r"(vl));
+    int vill = (int)(vtype >> (8 * sizeof vtype - 1));
+    unsigned long vsew = vtype >> 3 & 7, vlmul = vtype & 7;
+    return !vill && vlmul == 0 && vsew <= 3 && vl == (unsigned long)VLENB >> vsew;
+}
+
 static int32_t byte_elem(const uint8_t *reg, unsigned e, int is_signed) {
     return is_signed ? (int8_t)reg[e] : reg[e];
 }
@@ -142,6 +183,31 @@ static void vmadot_execute(const struct vmadot *d) {
 
     vreg_fill(d->vd, c);
     vreg_fill(d->vd + 1, c + VLENB / 4);
+}
+
+/* pack_len in bytes: imm2 0 is SEW, 1-3 are 128, 256, 512 bits. */
+static unsigned pack_bytes(unsigned imm2) {
+    unsigned long vtype;
+    __asm__ volatile(WITH_V("csrr %0, vtype") : "=r"(vtype));
+    return imm2 ? 16u << (imm2 - 1) : 1u << (vtype >> 3 & 7);
+}
+
+static void vpack_execute(const struct vpack *d) {
+    uint8_t src[2 * VLENB], dst[2 * VLENB]; /* src: vs1 then vs2; dst: vd then vd+1 */
+    vreg_spill(d->vs1, src);
+    vreg_spill(d->vs2, src + VLENB);
+    unsigned chunk = pack_bytes(d->imm2), per_reg = VLENB / chunk;
+    for (unsigned c = 0; c < 2 * per_reg; c++) {
+        /* chunk c of the interleaved stream is chunk c/2 of vs1 (c even) or of vs2 (c odd) */
+        uint8_t *stream = (d->unpack ? src : dst) + c * chunk;
+        uint8_t *plain = (d->unpack ? dst : src) + (c & 1) * VLENB + c / 2 * chunk;
+        if (d->unpack)
+            memcpy(plain, stream, chunk);
+        else
+            memcpy(stream, plain, chunk);
+    }
+    vreg_fill(d->vd, dst);
+    vreg_fill(d->vd + 1, dst + VLENB);
 }
 
 static unsigned long emulated_count;
@@ -196,8 +262,24 @@ static void on_sigill(int sig, siginfo_t *si, void *ctx) {
         return;
     }
     const char *why = NULL;
+    struct vpack pk;
+    if (vpack_decode(word, &pk)) {
+        if (!vtype_allows_pack())
+            why = "vpack/vupack need LMUL 1 and vl = VLMAX at SEW 8 to 64\n";
+        else if (!vpack_registers_legal(&pk))
+            why = "the destination pair vd, vd+1 of vpack/vupack overlaps a source register\n";
+        if (why) {
+            report(word, pc, why);
+            die_honestly(sig);
+            return;
+        }
+        vpack_execute(&pk);
+        __atomic_fetch_add(&emulated_count, 1, __ATOMIC_RELAXED);
+        uc->uc_mcontext.__gregs[REG_PC] = pc + 4;
+        return;
+    }
     if (!vmadot_decode(word, &d))
-        why = "not an IME2 instruction it runs (integer vmadot* i8/i4, vmadotN* i8; "
+        why = "not an IME2 instruction it runs (integer vmadot* i8/i4, vmadotN* i8, vpack.vv, vupack.vv; "
               "fp16: QEMU -cpu rv64,v=true,Zfh=true,vlen=1024)\n";
     else if (!vtype_allows_ime2())
         why = "IME2 needs LMUL 1 and vl = VLMAX at SEW 8, 16 or 32\n";

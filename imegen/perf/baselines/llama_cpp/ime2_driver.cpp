@@ -1,0 +1,124 @@
+// Driver for the IME2 peer check (imegen/perf/baselines/llama_cpp/ime2.py): runs one of llama.cpp's SpacemiT
+// IME2 gemm entry points (ime2_kernels.cpp, translated at build time) under imegen's IME2 emulator on data the
+// Python side wrote, the way ime.cpp walks the rows: call the entry point with the rows left, advance by the
+// rows it reports (4 while 4 or more are left, else 1); one group of 32 columns per call.
+//   argv: KERNEL M N K_BLKS BLK_LEN DIR
+//   DIR/a.bin: the quantized A row groups, each in its kernel's layout, one after another
+//   DIR/b.bin: the repacked B (32-column groups);  writes DIR/c.bin (M x N fp32, ldc = N)
+// Prints "rows <r>" per call and "emulated <IME2 instructions>". ggml_abort stands in for ggml.c's (the
+// kernels' asserts reference it).
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ggml.h"
+#include "ime_kernels.h"
+
+extern "C" {
+#include "ime2_emu.h"
+}
+
+void ggml_abort(const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "ime2 driver: ggml_abort at %s:%d: ", file, line);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(2);
+}
+
+namespace {
+
+using entry_fn = size_t (*)(size_t, const uint8_t *, const uint8_t *, const uint8_t *, float *, size_t, size_t,
+                            size_t, size_t);
+
+struct entry {
+    const char *name;
+    entry_fn    fn;
+    size_t      a_row_bytes_per_blk;  // bytes per row and k block in the A layout (scale, sum, blk_len codes)
+    size_t      b_col_bytes_per_blk;  // bytes per column and k block in the B layout (scale, blk_len codes)
+};
+
+std::vector<uint8_t> read_file(const std::string &path)
+{
+    FILE *f = fopen(path.c_str(), "rb");
+    if (!f) {
+        perror(path.c_str());
+        exit(2);
+    }
+    std::vector<uint8_t> data;
+    uint8_t              buf[65536];
+    size_t               n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        data.insert(data.end(), buf, buf + n);
+    fclose(f);
+    return data;
+}
+
+}  // namespace
+
+int main(int argc, char **argv)
+{
+    if (argc != 7) {
+        fprintf(stderr, "usage: %s KERNEL M N K_BLKS BLK_LEN DIR\n", argv[0]);
+        return 2;
+    }
+    const std::string kernel = argv[1];
+    const size_t      M = strtoul(argv[2], nullptr, 10), N = strtoul(argv[3], nullptr, 10);
+    const size_t      k_blks = strtoul(argv[4], nullptr, 10), blk_len = strtoul(argv[5], nullptr, 10);
+    const std::string dir = argv[6];
+
+    // A per row and k block: fp32 scale, int16 sum, blk_len int8 codes (rvv_kernels.h's q8_blk_size(.., true));
+    // B per column and k block: fp16 scale, blk_len int8 codes.
+    const entry entries[] = {
+        { "i8i8", spacemit_kernels::ime2::gemm_kernel_i8i8, 4 + 2 + blk_len, 2 + blk_len },
+    };
+    const entry *e = nullptr;
+    for (const entry &x : entries)
+        if (kernel == x.name)
+            e = &x;
+    if (!e) {
+        fprintf(stderr, "ime2 driver: unknown kernel %s\n", kernel.c_str());
+        return 2;
+    }
+
+    std::vector<uint8_t> a = read_file(dir + "/a.bin"), b = read_file(dir + "/b.bin");
+    if (a.size() != M * k_blks * e->a_row_bytes_per_blk) {
+        fprintf(stderr, "ime2 driver: a.bin has %zu bytes, expected %zu\n", a.size(),
+                M * k_blks * e->a_row_bytes_per_blk);
+        return 2;
+    }
+    std::vector<float> c(M * N, -12345.0f);  // a value no kernel result is expected to hit: unwritten cells show
+
+    imegen_ime2_emu_install();
+    // One call per group of 32 columns: gemm_kernel_i8i8_m4 decrements its block count, an input-only asm
+    // operand, so with clang -O2 a second column group in the same call runs one k block only (a bug of the
+    // kernel, not of what IME2 computes: docs/ime2-isa.md §9). Each call here sees one group.
+    for (size_t n = 0; n < N; n += 32) {
+        size_t a_off = 0;
+        for (size_t m = 0; m < M;) {
+            size_t rows = e->fn(blk_len, a.data() + a_off, b.data() + n * e->b_col_bytes_per_blk * k_blks, nullptr,
+                                c.data() + m * N + n, M - m, N - n < 32 ? N - n : 32, k_blks, N);
+            printf("rows %zu\n", rows);
+            if (rows == 0 || rows > M - m) {
+                fprintf(stderr, "ime2 driver: kernel reported %zu rows with %zu left\n", rows, M - m);
+                return 2;
+            }
+            a_off += rows * k_blks * e->a_row_bytes_per_blk;
+            m += rows;
+        }
+    }
+    printf("emulated %lu\n", imegen_ime2_emu_count());
+
+    FILE *f = fopen((dir + "/c.bin").c_str(), "wb");
+    if (!f || fwrite(c.data(), sizeof(float), c.size(), f) != c.size() || fclose(f) != 0) {
+        perror("c.bin");
+        return 2;
+    }
+    return 0;
+}
