@@ -1,5 +1,6 @@
 """The SIGILL IME2 emulator (imegen/runtime/ime2_emu.c) against an independent NumPy model of the spec's
 semantics and against the spec's own usage examples, under QEMU at VLEN 1024.
+The block-scaled `.hp` forms are modelled with np.float16 arithmetic, one operation at a time (§6.2).
 
 The driver tests/c/ime2_emu_test.c executes the real `.word` encodings from imegen.targets.ime2.encoding;
 this file generates the asm for them (ime2_variants.h) and the input records. docs/ime2-isa.md §2 (semantics),
@@ -152,27 +153,76 @@ PACK_VARIANTS = [PackVariant(f"{'vupack' if unpack else 'vpack'} imm2={imm2} e{s
                  for n, (unpack, imm2, sew, (vd, vs1, vs2)) in enumerate(itertools.product(
                      (False, True), range(4), (8, 16, 32, 64), [(24, 4, 5), (2, 30, 30), (0, 2, 31)]))
                  if imm2 == 0 or sew in (8, 32)]
-VARIANTS = FORM_VARIANTS + SPEC_VARIANTS + PACK_VARIANTS
+@dataclass(frozen=True)
+class HpOp:
+    """One vmadot*.hp: signedness, data type and the scale group imm3 (8 FP16 scales, one per column)."""
+    sign: str
+    dtype: str
+    imm3: int
+
+    @property
+    def name(self) -> str:
+        return f"{mnemonic(self.sign, self.dtype, form='hp')} imm3={self.imm3} ({self.dtype})"
 
 
-def variant_function(i: int, v: Variant) -> str:
+@dataclass(frozen=True)
+class HpVariant:
+    """vmadot*.hp into vd (64 FP16, one register) with the scales in v{scale}; stores vd and the scale register."""
+    name: str
+    vd: int
+    vs1: int
+    vs2: int
+    scale: int
+    sew: int
+    ops: tuple[HpOp, ...]
+
+    def words(self) -> list[int]:
+        return [encode_vmadot_hp(self.vd, self.vs1, self.vs2, scale=self.scale, imm3=op.imm3, signedness=op.sign,
+                                 dtype=op.dtype) for op in self.ops]
+
+
+HP_FORMS = [(s, d) for d in ("i8", "i4") for s in SIGNS]
+# Every signedness and data type once, every imm3 once, both scale registers, odd and even vd, vs1 or vs2 in
+# the scale register that is not used, SEW 8/16/32.
+HP_REGS = [(3, 16, 24, 0), (16, 2, 8, 1), (31, 30, 1, 0), (9, 0, 10, 1), (22, 23, 21, 0), (5, 6, 7, 1),
+           (28, 1, 27, 0), (13, 14, 15, 1)]
+HP_FORM_VARIANTS = [HpVariant(HpOp(sign, dtype, i).name, *HP_REGS[i], (8, 16, 32)[i % 3], (HpOp(sign, dtype, i),))
+                    for i, (sign, dtype) in enumerate(HP_FORMS)]
+# Four instructions accumulating into one FP16 C, as llama.cpp's kernels do (the high and low nibbles of A).
+HP_CHAIN = HpVariant("hp chain", 20, 4, 12, 0, 16, (HpOp("ss", "i8", 0), HpOp("su", "i4", 4), HpOp("uu", "i4", 1),
+                                                     HpOp("us", "i8", 7)))
+# Spec §5.4.7 with its own registers and vtype: smt.vmadot.hp v16, v2, v8, v0, 0, i8 under e16.
+SPEC_HP = HpVariant("spec 5.4.7", 16, 2, 8, 0, 16, (HpOp("ss", "i8", 0),))
+HP_VARIANTS = HP_FORM_VARIANTS + [HP_CHAIN, SPEC_HP]
+VARIANTS = FORM_VARIANTS + SPEC_VARIANTS + PACK_VARIANTS + HP_VARIANTS
+
+
+def register_moves(v) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """(loads, stores) of a variant as (register, asm operand). .hp: C is vd alone, the scales come from s, and
+    the scale register is stored back (it must come out unchanged)."""
+    if isinstance(v, HpVariant):
+        return [(v.vd, "c0"), (v.vs1, "a0"), (v.vs2, "b"), (v.scale, "s")], [(v.vd, "o0"), (v.scale, "o1")]
+    return ([(v.vd, "c0"), (v.vd + 1, "c1"), *((r, f"a{k}") for k, r in enumerate(v.a_regs)), (v.vs2, "b")],
+            [(v.vd, "o0"), (v.vd + 1, "o1")])
+
+
+def variant_function(i: int, v) -> str:
+    loads, stores = register_moves(v)
     lines = [f"vsetvli t0, zero, e{v.sew}, m1, ta, ma",
-             f"vl1r.v v{v.vd}, (%[c0])", f"vl1r.v v{v.vd + 1}, (%[c1])",
-             *(f"vl1r.v v{r}, (%[a{k}])" for k, r in enumerate(v.a_regs)),
-             f"vl1r.v v{v.vs2}, (%[b])",
+             *(f"vl1r.v v{r}, (%[{x}])" for r, x in loads),
              *(f".word 0x{w:08x}" for w in v.words()),
-             f"vs1r.v v{v.vd}, (%[o0])", f"vs1r.v v{v.vd + 1}, (%[o1])"]
+             *(f"vs1r.v v{r}, (%[{x}])" for r, x in stores)]
     asm = "\n".join(f'        "{line}\\n\\t"' for line in lines)
-    clobbers = ", ".join(f'"v{r}"' for r in sorted({v.vd, v.vd + 1, v.vs2, *v.a_regs}))
+    clobbers = ", ".join(f'"v{r}"' for r in sorted({r for r, _ in loads}))
     return f"""
 /* {v.name}: v{v.vd}, v{v.vs1}, v{v.vs2} under e{v.sew} */
-static void variant_{i}(const void *c, const void *a, const void *b, void *out) {{
+static void variant_{i}(const void *c, const void *a, const void *b, const void *s, void *out) {{
     const char *cc = c, *ac = a;
     char *oc = out;
     __asm__ volatile(
 {asm}
         :
-        : [c0] "r"(cc), [c1] "r"(cc + {VLENB}), [a0] "r"(ac), [a1] "r"(ac + {VLENB}), [b] "r"(b),
+        : [c0] "r"(cc), [c1] "r"(cc + {VLENB}), [a0] "r"(ac), [a1] "r"(ac + {VLENB}), [b] "r"(b), [s] "r"(s),
           [o0] "r"(oc), [o1] "r"(oc + {VLENB})
         : "memory", "t0" VCLOBBERS({clobbers}, "vl", "vtype"));
 }}
@@ -196,6 +246,8 @@ VALID_SLIDE = encode_vmadot(8, 16, 24, slide=3)
 NOT_RUN = "not an IME2 instruction it runs"
 BAD_VTYPE = "LMUL 1 and vl = VLMAX"
 OVERLAP = "overlaps a source"
+VALID_HP = encode_vmadot_hp(8, 16, 24, scale=1, imm3=7, signedness="us", dtype="i4")
+HP_OVERLAP = "vd of vmadot*.hp is vs1, vs2 or the scale register"
 
 
 def with_field(word: int, shift: int, width: int, value: int) -> int:
@@ -235,7 +287,6 @@ PROBES = [
     Probe("family_111_reserved", with_field(VALID_I8, 26, 3, 0b111), "e8, m1, ta, ma", NOT_RUN),
     # Valid IME2 forms this emulator does not run: they must die, not compute something.
     Probe("vmadot_sp", encode_vmadot_sp(8, 16, 24, mask=0, imm2=1), "e8, m1, ta, ma", NOT_RUN),
-    Probe("vmadot_hp", encode_vmadot_hp(8, 16, 24, scale=1, imm3=7, dtype="i4"), "e16, m1, ta, ma", NOT_RUN),
     Probe("vfwmadot", 0x9E62412B, "e16, m1, ta, ma", NOT_RUN),  # smt.vfwmadot v2, v4, v6 (LLVM MC test)
     Probe("vpack", 0x6652112B, "e8, m1, ta, ma", None),  # smt.vpack.vv v2, v4, v5, 1 (LLVM MC test)
     Probe("vupack_e64", 0x6652512B, "e64, m1, ta, ma", None),  # smt.vupack.vv v2, v4, v5, 1 (LLVM MC test)
@@ -246,6 +297,19 @@ PROBES = [
     Probe("vpack_odd_vd", 0x6652112B | 1 << 7, "e8, m1, ta, ma", NOT_RUN),
     # smt.vnpack4.vv v1, v4, v5, 3 (spec §8.6.2): [31:26] 010000
     Probe("vnpack4", 0b010000 << 26 | 1 << 25 | 5 << 20 | 4 << 15 | 3 << 12 | 1 << 7 | 0x2B, "e16, m1, ta, ma", NOT_RUN),
+    # .hp (spec §5.4.5, §8.4): vd may be odd; vd = vs1, vs2 or the scale register, LMUL != 1 and reserved
+    # data types are refused.
+    Probe("hp_i4_imm7_e16", VALID_HP, "e16, m1, ta, ma", None),
+    Probe("hp_i8_odd_vd_e8", encode_vmadot_hp(9, 0, 1, scale=1, imm3=0, signedness="su"), "e8, m1, ta, ma", None),
+    Probe("hp_e32", encode_vmadot_hp(31, 2, 2, scale=0, imm3=3, signedness="uu"), "e32, m1, ta, ma", None),
+    Probe("hp_m2", VALID_HP, "e16, m2, ta, ma", BAD_VTYPE),
+    Probe("hp_e64", VALID_HP, "e64, m1, ta, ma", BAD_VTYPE),
+    Probe("hp_vl32", VALID_HP, "e16, m1, ta, ma", BAD_VTYPE, avl=32),
+    Probe("hp_vd_is_vs1", with_field(VALID_HP, 15, 5, 8), "e16, m1, ta, ma", HP_OVERLAP),
+    Probe("hp_vd_is_vs2", with_field(VALID_HP, 20, 5, 8), "e16, m1, ta, ma", HP_OVERLAP),
+    Probe("hp_vd_is_scale", with_field(VALID_HP, 7, 5, 1), "e16, m1, ta, ma", HP_OVERLAP),
+    Probe("hp_dtype_01_reserved", with_field(VALID_HP, 29, 2, 0b01), "e16, m1, ta, ma", NOT_RUN),
+    Probe("hp_dtype_00_reserved", with_field(VALID_HP, 29, 2, 0b00), "e16, m1, ta, ma", NOT_RUN),
     Probe("custom1_zero", 0x0000002B, "e8, m1, ta, ma", NOT_RUN),
     Probe("compressed_unimp", 0x00000000, "e8, m1, ta, ma", ""),  # no word to report: dies silently
 ]
@@ -415,9 +479,16 @@ def make_records(rng: np.random.Generator) -> list[Record]:
     return recs + SPEC_RECORDS
 
 
-def encode_records(recs: list[Record]) -> bytes:
-    return b"".join(struct.pack("<i", v) + c.astype("<i4").tobytes() + a.tobytes() + b.tobytes()
-                    for v, c, a, b in recs)
+NO_SCALES = np.zeros(VLENB, np.uint8)
+
+
+def encode_record(v: int, c: np.ndarray, a: np.ndarray, b: np.ndarray, s: np.ndarray = NO_SCALES) -> bytes:
+    """One driver record; s (the scale register) is read by the .hp variants only."""
+    return struct.pack("<i", v) + c.astype("<i4").tobytes() + a.tobytes() + b.tobytes() + s.tobytes()
+
+
+def encode_records(recs) -> bytes:
+    return b"".join(encode_record(*r) for r in recs)
 
 
 def parse_results(stdout: bytes) -> tuple[np.ndarray, int]:
@@ -443,6 +514,110 @@ def spec_result(results: np.ndarray, variant: Variant) -> np.ndarray:
     """The emulator's C[8x8] for the spec example record of `variant` (the records end with them)."""
     k = len(SPEC_RECORDS) - [r[0] for r in SPEC_RECORDS].index(VARIANTS.index(variant))
     return results[-k].reshape(8, 8)
+
+
+# ---------------------------------------------------------------- .hp: NumPy model and records (spec §5.4.3)
+
+FP16_CANONICAL_NAN = 0x7E00  # RISC-V's canonical NaN (the emulator's NaN result; NumPy's payloads vary)
+STEPS = ("convert", "multiply", "add")
+EVENTS = tuple(f"tie {st}" for st in STEPS) + ("overflow", "subnormal", "nan")
+
+
+def hp_model(c: np.ndarray, a: np.ndarray, b: np.ndarray, s: np.ndarray, ops) -> np.ndarray:
+    """The spec's pseudocode in np.float16, one rounding per operation: for each instruction in turn,
+    C[i][j] = fp16(C[i][j] + fp16(fp16(tmp[i][j]) * scale[8*imm3 + j])), tmp the exact integer dot product.
+    c: the 64 FP16 of vd; s: the 128 bytes of the scale register."""
+    c = c.astype(np.float16).reshape(8, 8)
+    scales = s.view(np.float16)
+    with np.errstate(all="ignore"):
+        for op in ops:
+            tmp = vmadot_exact(np.zeros(64, np.int64), a, b, Op(op.sign, op.dtype))
+            product = tmp.astype(np.float64).astype(np.float16) * scales[8 * op.imm3:8 * op.imm3 + 8][None, :]
+            c = c + product
+    return c.reshape(64)
+
+
+def rounding_events(c: np.ndarray, a: np.ndarray, b: np.ndarray, s: np.ndarray, ops) -> dict[str, int]:
+    """How often the model's steps hit what the test must cover: an exact tie at each step (float64 holds every
+    step's exact value), a finite step overflowing to inf, a subnormal result, a NaN made from non-NaNs."""
+    events = dict.fromkeys(EVENTS, 0)
+    c = c.astype(np.float16).reshape(8, 8)
+    scales = s.view(np.float16)
+
+    def step(exact: np.ndarray, name: str, inputs_finite: np.ndarray) -> np.ndarray:
+        rounded = exact.astype(np.float16)
+        wide = rounded.astype(np.float64)
+        ok = np.isfinite(wide) & np.isfinite(exact) & (wide != exact)
+        neighbour = np.nextafter(rounded, np.where(exact > wide, np.float16(np.inf), np.float16(-np.inf)))
+        events[f"tie {name}"] += int((ok & (2 * np.abs(exact - wide) == np.abs(neighbour.astype(np.float64) - wide))).sum())
+        events["overflow"] += int((inputs_finite & np.isinf(rounded)).sum())
+        events["subnormal"] += int((np.abs(wide) < 2.0**-14) .sum() - (wide == 0).sum())
+        return rounded
+
+    with np.errstate(all="ignore"):
+        for op in ops:
+            tmp = vmadot_exact(np.zeros(64, np.int64), a, b, Op(op.sign, op.dtype)).astype(np.float64)
+            t16 = step(tmp, "convert", np.ones(tmp.shape, bool))
+            sc = scales[8 * op.imm3:8 * op.imm3 + 8][None, :]
+            p16 = step(t16.astype(np.float64) * sc.astype(np.float64), "multiply", np.isfinite(t16) & np.isfinite(sc))
+            new = step(c.astype(np.float64) + p16.astype(np.float64), "add", np.isfinite(c) & np.isfinite(p16))
+            events["nan"] += int((np.isnan(new) & ~np.isnan(c) & ~np.isnan(p16)).sum())
+            c = new
+    return events
+
+
+def fp16_bytes(x) -> np.ndarray:
+    return np.asarray(x, np.float16).view(np.uint8)
+
+
+def hp_records(rng: np.random.Generator, v: int) -> list[tuple]:
+    """Records (variant, c, a, b, s) for an .hp variant: quantization-like scales (rounding at every step),
+    random 16-bit patterns (every class of FP16: subnormal, inf, NaN, -0), subnormal scales (subnormal
+    products), and extreme codes with large scales or ±0 (tmp or products beyond 65504: inf, inf - inf,
+    inf x 0)."""
+    def rand_bytes(n):
+        return rng.integers(0, 256, n, dtype=np.uint8)
+
+    def extreme_bytes(n):
+        return rng.choice(np.array(BYTE_EXTREMES, np.uint8), n)
+
+    def small_bytes(n):  # mostly zero, small codes: small tmp, so subnormal scales give subnormal products
+        return rng.choice(np.array([0, 0, 0, 1, 0x11, 0xF0], np.uint8), n)
+
+    def record(c16, a, b, scales):
+        c = np.concatenate([fp16_bytes(c16), np.zeros(VLENB, np.uint8)]).view(np.int32)
+        return (v, c, a, b, fp16_bytes(scales))
+
+    recs = []
+    for _ in range(6):
+        recs.append(record(rng.uniform(-60, 60, 64), rand_bytes(256), rand_bytes(128), rng.uniform(1e-4, 2e-2, 64)))
+        recs.append(record(rng.integers(0, 2**16, 64, dtype=np.uint16).view(np.float16), rand_bytes(256),
+                           rand_bytes(128), rng.integers(0, 2**16, 64, dtype=np.uint16).view(np.float16)))
+        subnormal = (rng.integers(0, 2**11, 64, dtype=np.uint16) | rng.integers(0, 2, 64, dtype=np.uint16) << 15)
+        recs.append(record(rng.choice([0.0, -0.0, 2.0**-24, -(2.0**-20), 1e-5], 64), small_bytes(256),
+                           small_bytes(128), subnormal.view(np.float16)))
+        recs.append(record(rng.choice([0.0, -0.0, 6e4, -6e4, 1.0], 64), extreme_bytes(256), extreme_bytes(128),
+                           rng.choice([0.0, -0.0, 1.0, -3.0, 7.5, 4e3], 64)))
+    return recs
+
+
+def hp_result(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A driver output row of an .hp variant: (vd as 64 FP16 bit patterns, the scale register's 128 bytes)."""
+    raw = row.astype(np.int32).view(np.uint8)
+    return raw[:VLENB].view(np.uint16), raw[VLENB:]
+
+
+def assert_fp16_equal(got_bits: np.ndarray, want: np.ndarray, msg: str) -> None:
+    """Bit for bit (so -0 differs from +0); NaN must be the canonical one."""
+    want_bits = np.where(np.isnan(want), FP16_CANONICAL_NAN, want.view(np.uint16))
+    np.testing.assert_array_equal(got_bits, want_bits, err_msg=msg)
+
+
+# Spec §5.4.7's registers: A, B and the FP16 scales (1..8 for columns 0-7 in group 0, the rest zero).
+SPEC_547_RECORD = (VARIANTS.index(SPEC_HP), np.zeros(64, np.int32),
+                   np.concatenate([np.array(SPEC_547_AB, np.int8).view(np.uint8).reshape(-1), np.zeros(VLENB, np.uint8)]),
+                   np.array(SPEC_547_AB, np.int8).view(np.uint8).reshape(-1),
+                   fp16_bytes(np.concatenate([SPEC_547_SCALE, np.zeros(56)])))
 
 
 # ---------------------------------------------------------------- tests
@@ -506,6 +681,59 @@ def test_spec_example_5_4_7_integer_part(results):
     c = spec_result(results, SPEC_HP_DOT)
     scaled = (c.astype(np.float16) * SPEC_547_SCALE).astype(np.float16)
     np.testing.assert_array_equal(scaled.astype(np.float64), SPEC_547_C)
+
+
+def test_hp_forms_match_the_numpy_model(exe):
+    """Every .hp signedness x data type, every imm3, both scale registers, the four-instruction chain, in every
+    build: bit for bit against hp_model (three roundings per instruction). The data must reach ties at each
+    step, overflow, subnormal results and NaN, or the comparison would say little about them."""
+    rng = np.random.default_rng(5407)
+    recs = [r for hv in HP_VARIANTS[:-1] for r in hp_records(rng, VARIANTS.index(hv))]
+    got, count = parse_results(run(exe, ["run"], input=encode_records(recs), timeout=120).stdout)
+    assert count == sum(len(VARIANTS[r[0]].ops) for r in recs), "every .hp word must go through the emulator"
+    totals = dict.fromkeys(EVENTS, 0)
+    for (v, c, a, b, sc), row in zip(recs, got):
+        hv = VARIANTS[v]
+        c16 = c.view(np.uint8)[:VLENB].view(np.float16)
+        vd, scale_reg = hp_result(row)
+        assert_fp16_equal(vd, hp_model(c16, a, b, sc, hv.ops), hv.name)
+        np.testing.assert_array_equal(scale_reg, sc, err_msg=f"{hv.name}: the scale register changed")
+        for k, n in rounding_events(c16, a, b, sc, hv.ops).items():
+            totals[k] += n
+    assert all(n >= 5 for n in totals.values()), totals
+
+
+def test_hp_variants_cover_every_form():
+    ops = [op for hv in HP_FORM_VARIANTS for op in hv.ops]
+    assert {(op.sign, op.dtype) for op in ops} == set(itertools.product(SIGNS, ("i8", "i4")))
+    assert {op.imm3 for op in ops} == set(range(8))
+    assert {hv.scale for hv in HP_FORM_VARIANTS} == {0, 1} and {hv.sew for hv in HP_FORM_VARIANTS} == {8, 16, 32}
+    assert any(hv.vd % 2 for hv in HP_FORM_VARIANTS)
+
+
+def test_hp_model_rounds_each_step():
+    """The model itself: the steps round separately, to nearest even. tmp = 2049 converts to 2048 (a tie, even
+    wins); 3 x (1 + 2^-10) = 3 + 3 * 2^-10 lies halfway in [2, 4) and rounds up to the even 3 + 2^-8. With
+    C = 1024, tmp = 3 and scale 1.8330078125 the product 5.4990234375 rounds to 5.5, and 1029.5 to the even
+    1030; a fused multiply-add (one rounding of 1029.499...) would give 1029."""
+    def one_cell(c0, tmp, scale):
+        a = np.zeros(256, np.uint8)
+        b = np.zeros(128, np.uint8)
+        a[0], a[1], b[0], b[1] = 255, tmp - 255 * (tmp // 255), tmp // 255, 1  # uu: 255 * q + r = tmp
+        s = fp16_bytes([scale] + [0] * 63)
+        return hp_model(np.full(64, c0, np.float16), a, b, s, (HpOp("uu", "i8", 0),))[0]
+
+    assert one_cell(0, 2049, 1.0) == 2048 and one_cell(0, 2051, 1.0) == 2052
+    assert one_cell(0, 3, 1 + 2.0**-10) == 3 + 2.0**-8
+    assert one_cell(1024.0, 3, 1.8330078125) == 1030
+
+
+def test_spec_example_5_4_7(clang_exe):
+    """smt.vmadot.hp v16, v2, v8, v0, 0, i8 as the spec runs it: all 64 printed FP16 values."""
+    got, count = parse_results(run(clang_exe, ["run"], input=encode_records([SPEC_547_RECORD])).stdout)
+    assert count == 1
+    vd, _ = hp_result(got[0])
+    np.testing.assert_array_equal(vd.view(np.float16).astype(np.float64), np.array(SPEC_547_C).reshape(64))
 
 
 def test_vl_vtype_preserved(exe):

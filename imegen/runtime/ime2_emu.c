@@ -11,6 +11,13 @@
  *   i4: A[8x32], B^T[8x32], nibble e of a register in byte e/2 (even e: bits 3:0, odd e: bits 7:4).
  * Accumulation wraps mod 2^32.
  *
+ * vmadot*.hp (block-scaled, docs/ime2-isa.md §6.2): the same integer dot products (int32 tmp), then per cell
+ * vd[8i+j] = fp16(vd[8i+j] + fp16(fp16(tmp) * scale[j])), scale[j] = FP16 element 8*imm3 + j of v0/v1 and
+ * C one register of 64 FP16. Each of the three steps is rounded to nearest, ties to even, as the spec's C
+ * pseudocode reads (vd[p] += (fp16)tmp * scale); no flush of subnormals, NaN results are the canonical
+ * 0x7e00. MCPM.BF16 (BF16 instead of FP16) is a control register, not part of the word: the emulator
+ * assumes its FP16 setting, as llama.cpp's kernels do (they never write it).
+ *
  * Also vpack.vv / vupack.vv (docs/ime2-isa.md §6.1), which every llama.cpp IME2 kernel uses to lay out
  * vmadot operands and results: chunks of pack_len bits (imm2: SEW, 128, 256, 512), the destination
  * being the register pair vd, vd+1 seen as one 2*VLEN-bit stream.
@@ -59,6 +66,11 @@ static void vreg_fill(unsigned reg, const void *buf) {
 
 struct vmadot {
     unsigned vd, vs1, vs2, slide;
+    int int4, a_signed, b_signed;
+};
+
+struct vmadot_hp {
+    unsigned vd, vs1, vs2, scale, imm3;
     int int4, a_signed, b_signed;
 };
 
@@ -113,6 +125,33 @@ static int vmadot_decode(uint32_t w, struct vmadot *d) {
     d->a_signed = w >> 13 & 1; /* sg: 00 uu, 01 us, 10 su, 11 ss (A, B) */
     d->b_signed = w >> 12 & 1;
     return 1;
+}
+
+/* Decode an IME2 vmadot*.hp word (spec §8.4): [31] 1, DT i4 (10) or i8 (11), the signedness family in
+ * [28:26] (011 uu, 100 ss, 101 su, 110 us; others reserved), [25] scale register v0/v1, imm3 in [14:12],
+ * vd any register. 0 for anything else. */
+static int vmadot_hp_decode(uint32_t w, struct vmadot_hp *d) {
+    unsigned dtype = w >> 29 & 3, family = w >> 26 & 7;
+    if ((w & 0x7f) != 0x2b || !(w >> 31) || dtype < 2 || family < 3 || family > 6)
+        return 0;
+    /* (A, B) signed per family: 011 uu, 100 ss, 101 su, 110 us */
+    static const unsigned char a_signed[] = {0, 0, 0, 0, 1, 1, 0}, b_signed[] = {0, 0, 0, 0, 1, 0, 1};
+    d->a_signed = a_signed[family];
+    d->b_signed = b_signed[family];
+    d->int4 = dtype == 2;
+    d->scale = w >> 25 & 1;
+    d->vs2 = w >> 20 & 31;
+    d->vs1 = w >> 15 & 31;
+    d->imm3 = w >> 12 & 7;
+    d->vd = w >> 7 & 31;
+    return 1;
+}
+
+/* .hp (MUL_C 1): vd must not be vs1 or vs2 (spec §2.3, §5.4.5). vd must not be the scale register either:
+ * the spec does not list it, but its pseudocode updates vd[p] while later cells still read vscale, so the
+ * result would depend on an order the spec leaves open (imegen's encoder refuses it too). */
+static int hp_registers_legal(const struct vmadot_hp *d) {
+    return d->vd != d->vs1 && d->vd != d->vs2 && d->vd != d->scale;
 }
 
 /* The destination pair must not overlap a source (docs/ime2-isa.md §4): the spec calls that illegal,
@@ -185,6 +224,125 @@ static void vmadot_execute(const struct vmadot *d) {
     vreg_fill(d->vd + 1, c + VLENB / 4);
 }
 
+/* ---- FP16 arithmetic in integers (the handler must leave the interrupted code's f registers and fcsr
+ * alone, and GCC 12 has no _Float16 for RISC-V). Every step computes its exact result as
+ * (-1)^neg * mag * 2^exp and rounds it once to FP16, to nearest with ties to even. */
+
+#define FP16_CANONICAL_NAN 0x7e00u /* RISC-V's canonical NaN: the F/Zfh result for any NaN */
+#define FP16_INF 0x7c00u
+
+static int fp16_is_nan(uint16_t h) { return (h & 0x7fff) > FP16_INF; }
+static int fp16_is_inf(uint16_t h) { return (h & 0x7fff) == FP16_INF; }
+
+/* A finite FP16 as magnitude and exponent: value = mag * 2^exp (subnormals: exponent field 0). */
+static void fp16_split(uint16_t h, uint64_t *mag, int *exp) {
+    unsigned field = h >> 10 & 31, frac = h & 0x3ff;
+    *mag = field ? frac | 0x400 : frac;
+    *exp = field ? (int)field - 25 : -24;
+}
+
+/* Round (-1)^neg * mag * 2^exp to FP16 (RNE; overflow to infinity, gradual underflow). mag < 2^62. */
+static uint16_t fp16_round(int neg, uint64_t mag, int exp) {
+    uint16_t sign = (uint16_t)(neg ? 0x8000 : 0);
+    if (mag == 0)
+        return sign;
+    int top = 63 - __builtin_clzll(mag);     /* value in [2^(top+exp), 2^(top+exp+1)) */
+    int e = top + exp < -14 ? -14 : top + exp; /* subnormals share the smallest normal's quantum */
+    int quantum = e - 10;                     /* 11 significant bits: the result is r * 2^quantum */
+    uint64_t r;
+    if (quantum <= exp) {
+        r = mag << (exp - quantum); /* exact */
+    } else {
+        int shift = quantum - exp;
+        if (shift > 62) {
+            r = 0; /* below half the quantum: mag < 2^62 <= 2^(shift - 1) */
+        } else {
+            uint64_t rest = mag & ((1ull << shift) - 1), half = 1ull << (shift - 1);
+            r = mag >> shift;
+            if (rest > half || (rest == half && (r & 1)))
+                r++;
+        }
+    }
+    if (r >> 11) { /* rounding carried into the next binade */
+        r >>= 1;
+        quantum++;
+    }
+    if (r < 0x400) /* subnormal (quantum is 2^-24) or zero */
+        return sign | (uint16_t)r;
+    int field = quantum + 25;
+    if (field >= 31)
+        return sign | FP16_INF;
+    return sign | (uint16_t)(field << 10 | (r & 0x3ff));
+}
+
+/* (fp16)tmp: |tmp| <= 2^21 here (16 x 255 x 255 for i8), exact before the one rounding. */
+static uint16_t fp16_from_int(int32_t tmp) {
+    return fp16_round(tmp < 0, tmp < 0 ? (uint64_t)(-(int64_t)tmp) : (uint64_t)tmp, 0);
+}
+
+static uint16_t fp16_mul(uint16_t a, uint16_t b) {
+    int neg = (a ^ b) >> 15;
+    if (fp16_is_nan(a) || fp16_is_nan(b))
+        return FP16_CANONICAL_NAN;
+    if (fp16_is_inf(a) || fp16_is_inf(b)) {
+        if (!(a & 0x7fff) || !(b & 0x7fff)) /* inf x 0 */
+            return FP16_CANONICAL_NAN;
+        return (uint16_t)(neg << 15 | FP16_INF);
+    }
+    uint64_t ma, mb;
+    int ea, eb;
+    fp16_split(a, &ma, &ea);
+    fp16_split(b, &mb, &eb);
+    return fp16_round(neg, ma * mb, ea + eb); /* the product: 22 bits, exact */
+}
+
+static uint16_t fp16_add(uint16_t a, uint16_t b) {
+    if (fp16_is_nan(a) || fp16_is_nan(b))
+        return FP16_CANONICAL_NAN;
+    if (fp16_is_inf(a) || fp16_is_inf(b)) {
+        if (fp16_is_inf(a) && fp16_is_inf(b) && (a ^ b) >> 15) /* inf - inf */
+            return FP16_CANONICAL_NAN;
+        return fp16_is_inf(a) ? a : b;
+    }
+    /* Both exactly in units of 2^-24 (at most 2^40 of them): the sum is exact in int64. */
+    uint64_t ma, mb;
+    int ea, eb;
+    fp16_split(a, &ma, &ea);
+    fp16_split(b, &mb, &eb);
+    int64_t sa = (int64_t)(ma << (ea + 24)), sb = (int64_t)(mb << (eb + 24));
+    int64_t sum = (a >> 15 ? -sa : sa) + (b >> 15 ? -sb : sb);
+    if (sum == 0) /* exact zero: -0 only for -0 + -0 (IEEE 754, round to nearest) */
+        return (uint16_t)(a & b & 0x8000);
+    return fp16_round(sum < 0, (uint64_t)(sum < 0 ? -sum : sum), -24);
+}
+
+/* One .hp cell, as the spec's pseudocode: vd[p] += (fp16)tmp * scale, each operation rounded to FP16. */
+static uint16_t hp_cell(uint16_t acc, int32_t tmp, uint16_t scale) {
+    return fp16_add(acc, fp16_mul(fp16_from_int(tmp), scale));
+}
+
+static void vmadot_hp_execute(const struct vmadot_hp *d) {
+    uint8_t a[VLENB], b[VLENB];
+    uint16_t scales[VLENB / 2], c[VLENB / 2];
+    vreg_spill(d->vs1, a);
+    vreg_spill(d->vs2, b);
+    vreg_spill(d->scale, scales);
+    vreg_spill(d->vd, c);
+
+    int32_t (*elem)(const uint8_t *, unsigned, int) = d->int4 ? nibble_elem : byte_elem;
+    unsigned k_len = d->int4 ? 32 : 16;
+    const uint16_t *group = scales + d->imm3 * TILE; /* imm3 selects 128 bits: 8 FP16 scales, one per column */
+    for (unsigned i = 0; i < TILE; i++) {
+        for (unsigned j = 0; j < TILE; j++) {
+            int32_t tmp = 0; /* |tmp| <= 16 x 255 x 255: no wrap */
+            for (unsigned k = 0; k < k_len; k++)
+                tmp += elem(a, i * k_len + k, d->a_signed) * elem(b, j * k_len + k, d->b_signed);
+            c[i * TILE + j] = hp_cell(c[i * TILE + j], tmp, group[j]);
+        }
+    }
+    vreg_fill(d->vd, c);
+}
+
 /* pack_len in bytes: imm2 0 is SEW, 1-3 are 128, 256, 512 bits. */
 static unsigned pack_bytes(unsigned imm2) {
     unsigned long vtype;
@@ -251,46 +409,53 @@ static void die_honestly(int sig) {
     raise(sig);
 }
 
+#define BAD_VTYPE "IME2 needs LMUL 1 and vl = VLMAX at SEW 8, 16 or 32\n"
+
+/* Run `word` on the live registers; NULL if it ran, else why it is not run (one line). */
+static const char *emulate(uint32_t word) {
+    struct vpack pk;
+    struct vmadot_hp hp;
+    struct vmadot d;
+    if (vpack_decode(word, &pk)) {
+        if (!vtype_allows_pack())
+            return "vpack/vupack need LMUL 1 and vl = VLMAX at SEW 8 to 64\n";
+        if (!vpack_registers_legal(&pk))
+            return "the destination pair vd, vd+1 of vpack/vupack overlaps a source register\n";
+        vpack_execute(&pk);
+    } else if (vmadot_hp_decode(word, &hp)) {
+        if (!vtype_allows_ime2())
+            return BAD_VTYPE;
+        if (!hp_registers_legal(&hp))
+            return "vd of vmadot*.hp is vs1, vs2 or the scale register\n";
+        vmadot_hp_execute(&hp);
+    } else if (vmadot_decode(word, &d)) {
+        if (!vtype_allows_ime2())
+            return BAD_VTYPE;
+        if (!registers_legal(&d))
+            return "the destination pair vd, vd+1 overlaps a source register\n";
+        vmadot_execute(&d);
+    } else {
+        return "not an IME2 instruction it runs (integer vmadot* i8/i4, vmadotN* i8, vmadot*.hp i8/i4 with "
+               "FP16 scales, vpack.vv, vupack.vv; FP16 code needs QEMU -cpu rv64,v=true,Zfh=true,vlen=1024)\n";
+    }
+    return NULL;
+}
+
 static void on_sigill(int sig, siginfo_t *si, void *ctx) {
     ucontext_t *uc = ctx;
     uintptr_t pc = uc->uc_mcontext.__gregs[REG_PC];
     uint32_t word;
-    struct vmadot d;
     /* si_code <= 0: sent by kill()/raise(), so pc says nothing about the cause. */
     if (si->si_code <= 0 || !fetch_insn32(pc, &word)) {
         die_honestly(sig);
         return;
     }
-    const char *why = NULL;
-    struct vpack pk;
-    if (vpack_decode(word, &pk)) {
-        if (!vtype_allows_pack())
-            why = "vpack/vupack need LMUL 1 and vl = VLMAX at SEW 8 to 64\n";
-        else if (!vpack_registers_legal(&pk))
-            why = "the destination pair vd, vd+1 of vpack/vupack overlaps a source register\n";
-        if (why) {
-            report(word, pc, why);
-            die_honestly(sig);
-            return;
-        }
-        vpack_execute(&pk);
-        __atomic_fetch_add(&emulated_count, 1, __ATOMIC_RELAXED);
-        uc->uc_mcontext.__gregs[REG_PC] = pc + 4;
-        return;
-    }
-    if (!vmadot_decode(word, &d))
-        why = "not an IME2 instruction it runs (integer vmadot* i8/i4, vmadotN* i8, vpack.vv, vupack.vv; "
-              "fp16: QEMU -cpu rv64,v=true,Zfh=true,vlen=1024)\n";
-    else if (!vtype_allows_ime2())
-        why = "IME2 needs LMUL 1 and vl = VLMAX at SEW 8, 16 or 32\n";
-    else if (!registers_legal(&d))
-        why = "the destination pair vd, vd+1 overlaps a source register\n";
+    const char *why = emulate(word);
     if (why) {
         report(word, pc, why);
         die_honestly(sig);
         return;
     }
-    vmadot_execute(&d);
     __atomic_fetch_add(&emulated_count, 1, __ATOMIC_RELAXED);
     uc->uc_mcontext.__gregs[REG_PC] = pc + 4;
 }

@@ -2,9 +2,11 @@
  *
  * Upstream QEMU has no IME, so a vmadot word raises SIGILL. The handler installed here decodes it,
  * performs the 8x16x8 int8 (or 8x32x8 int4) -> int32 multiply-accumulate on the live vector registers
- * and resumes after the instruction; it also runs the layout instructions vpack.vv / vupack.vv.
- * Requires VLEN = 1024 (the A100 geometry). Any other illegal instruction, including IME2 forms it does
- * not run (.sp, .hp, vfwmadot, vnpack*), still kills the program with SIGILL (docs/ime2-isa.md §6).
+ * and resumes after the instruction. It also runs the block-scaled vmadot*.hp forms (int8/int4 dot
+ * products times FP16 scales, accumulated in FP16; FP16 only, BF16 needs MCPM.BF16) and the layout
+ * instructions vpack.vv / vupack.vv. Requires VLEN = 1024 (the A100 geometry). Any other illegal
+ * instruction, including IME2 forms it does not run (.sp, vfwmadot, vnpack*), still kills the program
+ * with SIGILL (docs/ime2-isa.md §6).
  */
 #ifndef IMEGEN_IME2_EMU_H
 #define IMEGEN_IME2_EMU_H

@@ -1,15 +1,15 @@
-/* Driver for tests/test_ime2_emulator.py: runs real IME2 vmadot words under the SIGILL emulator
+/* Driver for tests/test_ime2_emulator.py: runs real IME2 words under the SIGILL emulator
  * (imegen/runtime/ime2_emu.c) at VLEN 1024.
  *
  * The test generates "ime2_variants.h" (on the include path) with the asm that carries the .word
  * encodings, so the words come from imegen.targets.ime2.encoding and not from this file:
- *   N_VARIANTS, variants[]  : set a vtype, load C/A/B into fixed registers, execute one or more
- *                             vmadot words, store C
+ *   N_VARIANTS, variants[]  : set a vtype, load C/A/B (and for .hp the scales) into fixed registers,
+ *                             execute one or more IME2 words, store the results
  *   N_PROBES, probes[]      : set a vtype, execute one raw word (may be illegal)
  *   vtype_probe(r)          : r = {vl, vtype} before and after one vmadot
  *
  * Modes (argv[1]):
- *   run      stdin: records {int32 variant; int32 c[64]; uint8 a[256]; uint8 b[128]}
+ *   run      stdin: records {int32 variant; int32 c[64]; uint8 a[256]; uint8 b[128]; uint8 s[128]}
  *            stdout: 64 result int32 per record, one line each, then "count N"
  *   vtype    prints "vl0 vtype0 vl1 vtype1 count"
  *   probe K  runs probes[K], prints "survived count"
@@ -29,7 +29,7 @@
 #define VCLOBBERS(...)
 #endif
 
-typedef void (*variant_fn)(const void *c, const void *a, const void *b, void *out);
+typedef void (*variant_fn)(const void *c, const void *a, const void *b, const void *s, void *out);
 typedef void (*probe_fn)(void);
 
 #include "ime2_variants.h"
@@ -39,6 +39,7 @@ struct record {
     int32_t c[64]; /* vd || vd+1 */
     uint8_t a[256]; /* vs1 || vs1+1; base forms use the first 128 bytes */
     uint8_t b[128];
+    uint8_t s[128]; /* .hp: the scale register v0 or v1 */
 };
 
 static int run_records(void) {
@@ -49,7 +50,7 @@ static int run_records(void) {
             fprintf(stderr, "bad variant %d\n", (int)r.variant);
             return 2;
         }
-        variants[r.variant](r.c, r.a, r.b, out);
+        variants[r.variant](r.c, r.a, r.b, r.s, out);
         for (int i = 0; i < 64; i++)
             printf(i ? " %d" : "%d", (int)out[i]);
         putchar('\n');

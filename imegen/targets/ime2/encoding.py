@@ -112,7 +112,7 @@ def encode_vmadot_sp(vd: int, vs1: int, vs2: int, *, mask: int, imm2: int, signe
                      dtype: str = "i8") -> int:
     """`smt.vmadot{sign}.sp vd, vs1, vs2, v{mask}, imm2, {dtype}` (4:2 sparse A in the pair vs1, vs1+1).
 
-    Encoding only: imegen's emulator does not run it (docs/ime2-isa.md §6)."""
+    imegen's emulator runs it with FP16 scales and C (docs/ime2-isa.md §6.2)."""
     _check_choice("signedness", signedness, SIGN_CODE)
     _check_choice("dtype", dtype, DTYPE_CODE)
     _check_choice("mask", mask, (0, 1))
@@ -135,7 +135,7 @@ def encode_vmadot_hp(vd: int, vs1: int, vs2: int, *, scale: int, imm3: int, sign
     """`smt.vmadot{sign}.hp vd, vs1, vs2, v{scale}, imm3, {dtype}`: fp16/bf16 C[8x8] in vd (one register)
     += (A x B^T) x scale group imm3 of v{scale}.
 
-    Encoding only: imegen's emulator does not run it (docs/ime2-isa.md §6)."""
+    imegen's emulator runs it with FP16 scales and C (docs/ime2-isa.md §6.2)."""
     _check_choice("signedness", signedness, SIGN_CODE)
     _check_choice("dtype", dtype, DTYPE_CODE)
     _check_choice("scale", scale, (0, 1))

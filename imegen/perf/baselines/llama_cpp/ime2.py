@@ -5,9 +5,10 @@ the emulator installed, its results compared with a NumPy model of what the kern
 reference `gemm_kernel_*_mrow_ref` in the same file states it), computed from the input bytes alone.
 
 Build-time translation (translate): the vendor mnemonics become `.word`s from imegen's IME2 encoders:
-`vmadot{,u,su,us} ..., i8|i4` (targets/ime2/encoding.py) and `vpack.vv` / `vupack.vv` (encode_pack, spec
-§8.6.1). The forms the emulator does not run (`.hp`, `vnpack4.vv`) become `unimp`: the kernels that use
-them are compiled but never called (OUT_OF_SCOPE), and would die by SIGILL if they were. Policy-less
+`vmadot{,u,su,us} ..., i8|i4` and `vmadot{,u,su,us}.hp ..., v0|v1, imm3, i8|i4` (targets/ime2/encoding.py)
+and `vpack.vv` / `vupack.vv` (encode_pack, spec §8.6.1). The one form the emulator does not run,
+`vnpack4.vv` (its semantics are not fixed by the spec: docs/ime2-isa.md §9), becomes `unimp`: the kernels
+that use it are compiled but never called (OUT_OF_SCOPE), and would die by SIGILL if they were. Policy-less
 `vsetvli` lines get `, tu, mu` (clang-19 requires a policy), as for IME1.
 
 Which kernel needs what (the live code of ime2_kernels.cpp; docs/ime2-isa.md §9): every one of them lays
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .... import cache, toolchain
-from ....targets.ime2.encoding import encode_vmadot
+from ....targets.ime2.encoding import encode_vmadot, encode_vmadot_hp
 from ....toolchain import ToolchainError
 from .source import SDIST_SHA256, SPACEMIT, sources
 
@@ -37,11 +38,9 @@ NB_COLS = 32  # B is repacked in groups of 32 columns
 
 # Entry points that need an instruction the emulator does not run (the dispatcher's live paths).
 OUT_OF_SCOPE = {
-    "gemm_kernel_i8i4": "vmadotsu.hp / vmadotu.hp (m1, m4) and vnpack4.vv",
-    "gemm_kernel_i8i4_hp": "vmadotsu.hp / vmadotu.hp and vnpack4.vv",
-    "moe_m2_gemm_kernel_i8i4": "vmadotsu.hp / vmadotu.hp and vnpack4.vv",
-    "gemm_kernel_i8i2k": "vmadotsu.hp (m4)",
-    "gemm_kernel_i8i3k": "vmadot.hp (m1)",
+    "gemm_kernel_i8i4": "vnpack4.vv (m1, m4)",
+    "gemm_kernel_i8i4_hp": "vnpack4.vv",
+    "moe_m2_gemm_kernel_i8i4": "vnpack4.vv",
 }
 
 _PACK_SIGN = {"": "ss", "u": "uu", "su": "su", "us": "us"}
@@ -59,9 +58,10 @@ def encode_pack(vd: int, vs1: int, vs2: int, imm2: int, *, unpack: bool) -> int:
 @dataclass(frozen=True)
 class Translation:
     text: str
-    vmadot: int   # emulated vmadot words
+    vmadot: int   # emulated vmadot words (integer C)
+    hp: int       # emulated vmadot*.hp words (FP16 C)
     pack: int     # emulated vpack/vupack words
-    unimp: int    # forms the emulator does not run, made `unimp`
+    unimp: int    # the form the emulator does not run (vnpack4.vv), made `unimp`
     vsetvli: int  # policies added
 
 
@@ -71,17 +71,24 @@ def translate(text: str) -> Translation:
         word = encode_vmadot(int(m[2]), int(m[3]), int(m[4]), signedness=_PACK_SIGN[m[1]], dtype=m[5])
         return f".word 0x{word:08x}"
 
+    def vmadot_hp(m: re.Match) -> str:
+        word = encode_vmadot_hp(int(m[2]), int(m[3]), int(m[4]), scale=int(m[5]), imm3=int(m[6]),
+                                signedness=_PACK_SIGN[m[1]], dtype=m[7])
+        return f".word 0x{word:08x}"
+
     def pack(m: re.Match) -> str:
         return f".word 0x{encode_pack(int(m[2]), int(m[3]), int(m[4]), int(m[5]), unpack=m[1] == 'u'):08x}"
 
-    text, n_unimp = re.subn(r"\b(?:vmadot\w*\.hp|vnpack4\.vv)\s+v\d+(?:\s*,\s*(?:v\d+|\d+|i[48]))+", "unimp", text)
+    text, n_unimp = re.subn(r"\bvnpack4\.vv\s+v\d+(?:\s*,\s*(?:v\d+|\d+))+", "unimp", text)
+    text, n_hp = re.subn(r"\bvmadot(u|su|us|)\.hp\s+v(\d+),\s*v(\d+),\s*v(\d+),\s*v([01]),\s*(\d),\s*(i8|i4)\b",
+                         vmadot_hp, text)
     text, n_vmadot = re.subn(r"\bvmadot(u|su|us|)\s+v(\d+),\s*v(\d+),\s*v(\d+),\s*(i8|i4)\b", vmadot, text)
     text, n_pack = re.subn(r"\bv(u?)pack\.vv\s+v(\d+),\s*v(\d+),\s*v(\d+),\s*(\d)\b", pack, text)
     left = re.search(r"\b(?:v\w*madot|v\w*pack)\w*(?:\.\w+)?\s+v\d+", text)
     if left:
         raise ToolchainError(f"ime2_kernels.cpp: an IME2 instruction the translation does not handle: {left[0]!r}", [])
     text, n_vset = re.subn(r"(vseti?vli\s+[\w%\[\]]+,\s*[\w%\[\]]+,\s*e\d+,\s*m?f?\d+)(\s*\\n)", r"\1, tu, mu\2", text)
-    return Translation(text, n_vmadot, n_pack, n_unimp, n_vset)
+    return Translation(text, n_vmadot, n_hp, n_pack, n_unimp, n_vset)
 
 
 def build(log=None) -> Path:
