@@ -9,11 +9,17 @@ Build-time translation (translate): the vendor mnemonics become `.word`s from im
 and `vpack.vv` / `vupack.vv` (encode_pack, spec §8.6.1). The one form the emulator does not run,
 `vnpack4.vv` (its semantics are not fixed by the spec: docs/ime2-isa.md §9), becomes `unimp`: the kernels
 that use it are compiled but never called (OUT_OF_SCOPE), and would die by SIGILL if they were. Policy-less
-`vsetvli` lines get `, tu, mu` (clang-19 requires a policy), as for IME1.
+`vsetvli` lines get `, tu, mu` (clang-19 requires a policy), as for IME1. `vsetvli ..., x0, e64, mf2` becomes
+`e64, m1`: QEMU (ELEN 64) sets vill for SEW 64 at LMUL 1/2, which the V spec allows an implementation to
+refuse and the K3 evidently accepts; the kernels use it only to slide 16-byte A sub-blocks between tile rows
+(i8i2k_m1: vslideup into zeroed registers from registers zero past their first 16 bytes; i8i3k_m1:
+vslidedown, of which only tile row 0 is used), where m1 leaves every row that reaches C unchanged.
 
 Which kernel needs what (the live code of ime2_kernels.cpp; docs/ime2-isa.md §9): every one of them lays
-out operands or results with vpack/vupack, so the emulator runs those two as well. Checked here: i8i8
-(`gemm_kernel_i8i8`: Q8 weights, vmadot i8 + vpack + vupack; its m4 and m1 paths)."""
+out operands or results with vpack/vupack, so the emulator runs those two as well. Checked here, m4 and m1
+paths each: i8i8 (`gemm_kernel_i8i8`: Q8 weights, vmadot i8 + vpack + vupack), i8i2k (Q2_K: m4
+vmadotsu.hp, m1 vmadotsu i8; both vmadotsu/vmadotu for the zero points) and i8i3k (Q3_K: m4 vmadot i8, m1
+vmadot.hp)."""
 
 from __future__ import annotations
 
@@ -63,6 +69,7 @@ class Translation:
     pack: int     # emulated vpack/vupack words
     unimp: int    # the form the emulator does not run (vnpack4.vv), made `unimp`
     vsetvli: int  # policies added
+    e64_mf2: int  # `vsetvli ..., x0, e64, mf2` made `e64, m1` (QEMU sets vill for SEW 64 at LMUL 1/2)
 
 
 def translate(text: str) -> Translation:
@@ -87,8 +94,9 @@ def translate(text: str) -> Translation:
     left = re.search(r"\b(?:v\w*madot|v\w*pack)\w*(?:\.\w+)?\s+v\d+", text)
     if left:
         raise ToolchainError(f"ime2_kernels.cpp: an IME2 instruction the translation does not handle: {left[0]!r}", [])
+    text, n_mf2 = re.subn(r"(vsetvli\s+\w+,\s*x0,\s*e64,\s*)mf2\b", r"\1m1", text)
     text, n_vset = re.subn(r"(vseti?vli\s+[\w%\[\]]+,\s*[\w%\[\]]+,\s*e\d+,\s*m?f?\d+)(\s*\\n)", r"\1, tu, mu\2", text)
-    return Translation(text, n_vmadot, n_hp, n_pack, n_unimp, n_vset)
+    return Translation(text, n_vmadot, n_hp, n_pack, n_unimp, n_vset, n_mf2)
 
 
 def build(log=None) -> Path:
@@ -133,6 +141,11 @@ def row_groups(M: int) -> list[int]:
     return groups + [1] * (M - sum(groups))
 
 
+def m4_rows(M: int) -> np.ndarray:
+    """(M,) bool: the rows the dispatcher hands to an _m4 kernel (the others go to _m1)."""
+    return np.repeat([g == 4 for g in row_groups(M)], row_groups(M)).astype(bool)
+
+
 @dataclass(frozen=True)
 class I8I8Case:
     """Q8 A (per row and block of 32: fp32 scale, int8 codes) times Q8 B (per column and block: fp16 scale,
@@ -148,6 +161,12 @@ class I8I8Case:
                         rng.uniform(0.001, 0.02, (M, k_blks)).astype(np.float32),
                         rng.integers(-128, 128, (N, k_blks, BLK_LEN)).astype(np.int8),
                         rng.uniform(0.001, 0.02, (N, k_blks)).astype(np.float16))
+
+    blk_len = BLK_LEN
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.a_codes.shape[0], self.b_codes.shape[0], self.a_codes.shape[1]
 
     def a_bytes(self) -> bytes:
         """Each row group (row_groups), per k block: its rows' fp32 scales, int16 sums (unused by i8i8:
@@ -186,17 +205,17 @@ class PeerRun:
     emulated: int          # IME2 instructions the emulator ran
 
 
-def run_i8i8(exe: Path, case: I8I8Case, work: Path) -> PeerRun:
-    """Run llama.cpp's gemm_kernel_i8i8 on `case` under QEMU at VLEN 1024 with the IME2 emulator."""
-    M, k_blks, _ = case.a_codes.shape
-    N = case.b_codes.shape[0]
+def run(exe: Path, kernel: str, case, work: Path) -> PeerRun:
+    """Run llama.cpp's gemm_kernel_<kernel> on `case` (its a_bytes/b_bytes) under QEMU at VLEN 1024 with the
+    IME2 emulator."""
+    M, N, k_blks = case.shape
     if N % NB_COLS:
-        raise ValueError(f"N = {N}: gemm_kernel_i8i8_m4 stores whole groups of {NB_COLS} columns")
+        raise ValueError(f"N = {N}: the kernels store whole groups of {NB_COLS} columns")
     work.mkdir(parents=True, exist_ok=True)
     (work / "a.bin").write_bytes(case.a_bytes())
     (work / "b.bin").write_bytes(case.b_bytes())
     cmd = [toolchain.QEMU, "-L", str(toolchain.SYSROOT), "-cpu", toolchain.qemu_cpu(VLEN), str(exe),
-           "i8i8", str(M), str(N), str(k_blks), str(BLK_LEN), str(work)]
+           kernel, str(M), str(N), str(k_blks), str(case.blk_len), str(work)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise ToolchainError("llama.cpp IME2 driver failed", cmd, proc.returncode, proc.stdout, proc.stderr)
@@ -207,7 +226,201 @@ def run_i8i8(exe: Path, case: I8I8Case, work: Path) -> PeerRun:
     return PeerRun(C, rows, emulated)
 
 
+def run_i8i8(exe: Path, case: I8I8Case, work: Path) -> PeerRun:
+    return run(exe, "i8i8", case, work)
+
+
 def max_error(run: PeerRun, case: I8I8Case) -> float:
     """max |C - reference| in units of 1e-5 x sum|terms| (fp32 accumulation of fp32-converted block dots)."""
     want, bound = case.reference()
     return float((np.abs(run.C.astype(np.float64) - want) / (1e-5 * bound + 1e-30)).max())
+
+
+# ---------------------------------------------------------------- K-quants (Q2_K, Q3_K): data and NumPy models
+
+QK_K = 256      # a K-quant super-block: 16 sub-blocks of 16 codes, one int scale per sub-block and column
+SUB = 16
+SUBS = QK_K // SUB
+
+
+def q8k_a_bytes(codes: np.ndarray, scales: np.ndarray, sums: np.ndarray) -> bytes:
+    """Q8_K A (ime2_kernels' mrow_ref and the m1/m4 loads): each row group, per super-block, the rows' fp32
+    scales, then their 16 int16 sub-block sums row after row, then their 256 codes row after row."""
+    out, m = [], 0
+    for g in row_groups(codes.shape[0]):
+        for kb in range(codes.shape[1]):
+            out += [scales[m:m + g, kb].tobytes(), sums[m:m + g, kb].tobytes(), codes[m:m + g, kb].tobytes()]
+        m += g
+    return b"".join(out)
+
+
+def pack_2bit(codes: np.ndarray) -> bytes:
+    """nrow_block_q*_k's qs for 32 columns of one super-block ((32, 256) values 0..3): per group g of 64 k,
+    column ci, byte bi holds k = 64g + 16j + bi in bits 2j+1:2j, at offset g*512 + ci*16 + bi (ime_kernels.h)."""
+    c = codes.astype(np.uint8).reshape(NB_COLS, 4, 4, SUB)          # ci, g, j, bi
+    packed = c[:, :, 0] | c[:, :, 1] << 2 | c[:, :, 2] << 4 | c[:, :, 3] << 6
+    return packed.transpose(1, 0, 2).tobytes()                     # g, ci, bi
+
+
+def sub_block_dots(a_codes: np.ndarray, b_values: np.ndarray) -> np.ndarray:
+    """(M, N, k_blks, 16): the exact integer dot product of every 16-code sub-block."""
+    M, kb = a_codes.shape[:2]
+    N = b_values.shape[0]
+    return np.einsum("mbsk,nbsk->mnbs", a_codes.astype(np.int64).reshape(M, kb, SUBS, SUB),
+                     b_values.astype(np.int64).reshape(N, kb, SUBS, SUB))
+
+
+def fp16_block_sum(dots: np.ndarray, sub_scales: np.ndarray) -> np.ndarray:
+    """What a chain of 16 vmadot*.hp computes per super-block (docs/ime2-isa.md §6.2): starting from +0, per
+    sub-block s in order, H = fp16(H + fp16(fp16(dot_s) * scale_s)), every step rounded to nearest even.
+    dots (M, N, kb, 16) int64, sub_scales (N, kb, 16) float16; returns (M, N, kb) float16."""
+    H = np.zeros(dots.shape[:3], np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for s in range(SUBS):
+            H = H + dots[..., s].astype(np.float64).astype(np.float16) * sub_scales[None, :, :, s]
+    return H
+
+
+@dataclass(frozen=True)
+class Q2KCase:
+    """Q8_K A times Q2_K B (ggml's block_q2_K repacked into nrow_block_q2_k<32>: per column and super-block a
+    4-bit scale and 4-bit zero point per sub-block, 2-bit codes, fp16 d and dmin):
+    C[m][n] = sum over super-blocks of a_scale * (d * sum_s scale_s * dot_s + dmin * sum_s zp_s * a_sum_s),
+    with a_sum_s the int16 sums stored with A (the kernel reads them; it does not sum the codes)."""
+    a_codes: np.ndarray    # (M, kb, 256) int8
+    a_scales: np.ndarray   # (M, kb) fp32
+    a_sums: np.ndarray     # (M, kb, 16) int16
+    b_codes: np.ndarray    # (N, kb, 256) 0..3
+    b_sub_scales: np.ndarray  # (N, kb, 16) 0..15
+    b_zps: np.ndarray      # (N, kb, 16) 0..15
+    b_d: np.ndarray        # (N, kb) fp16
+    b_dmin: np.ndarray     # (N, kb) fp16
+
+    blk_len = QK_K
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.a_codes.shape[0], self.b_codes.shape[0], self.a_codes.shape[1]
+
+    @staticmethod
+    def random(rng: np.random.Generator, M: int, N: int, kb: int) -> Q2KCase:
+        a = rng.integers(-128, 128, (M, kb, QK_K)).astype(np.int8)
+        return Q2KCase(a, rng.uniform(0.001, 0.02, (M, kb)).astype(np.float32),
+                       a.reshape(M, kb, SUBS, SUB).astype(np.int16).sum(axis=3, dtype=np.int16),
+                       rng.integers(0, 4, (N, kb, QK_K)), rng.integers(0, 16, (N, kb, SUBS)),
+                       rng.integers(0, 16, (N, kb, SUBS)),
+                       rng.uniform(-0.02, 0.02, (N, kb)).astype(np.float16),
+                       rng.uniform(0.0, 0.02, (N, kb)).astype(np.float16))
+
+    def a_bytes(self) -> bytes:
+        return q8k_a_bytes(self.a_codes, self.a_scales, self.a_sums)
+
+    def b_bytes(self) -> bytes:
+        """Per group of 32 columns and super-block, nrow_block_q2_k<32>: scales[512], whose low nibble at
+        s*32 + ci is column ci's scale for sub-block s and whose high nibble at ci*16 + s is its zero point (the
+        two are laid out transposed: repack.cpp, and both kernels read them so), qs[2048], scales16[32] (d),
+        zeros16[32] (dmin)."""
+        N, kb, _ = self.b_codes.shape
+        out = []
+        for n in range(0, N, NB_COLS):
+            cols = slice(n, n + NB_COLS)
+            for k in range(kb):
+                lo = self.b_sub_scales[cols, k].T.reshape(-1).astype(np.uint8)
+                hi = self.b_zps[cols, k].reshape(-1).astype(np.uint8)
+                out += [(lo | hi << 4).tobytes(), pack_2bit(self.b_codes[cols, k]),
+                        self.b_d[cols, k].tobytes(), self.b_dmin[cols, k].tobytes()]
+        return b"".join(out)
+
+    def zero_point_sums(self) -> np.ndarray:
+        """(M, N, kb): sum_s zp_s * a_sum_s, exact."""
+        return np.einsum("mbs,nbs->mnb", self.a_sums.astype(np.int64), self.b_zps.astype(np.int64))
+
+    def reference(self, *, fp16: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(C, bound) for the rows as the dispatcher takes them. m1 rows (gemm_kernel_i8i2k_m1): the integer
+        sum_s scale_s * dot_s and the zero-point sum are exact in int32 and in the fp32 they are converted to.
+        m4 rows (gemm_kernel_i8i2k_m4): the scaled sub-block dots accumulate in FP16 through vmadotsu.hp with
+        scale_s' = fp16(fp16(scale_s * d) / 16), and the sum is multiplied back by 16 (fp16 = False: the same
+        without any FP16 rounding, to show that the check can tell). bound = sum over super-blocks of the
+        magnitudes of the fp32 terms."""
+        dots = sub_block_dots(self.a_codes, self.b_codes)
+        Z = self.zero_point_sums().astype(np.float64)
+        d, dmin = self.b_d.astype(np.float64)[None], self.b_dmin.astype(np.float64)[None]
+        a_scale = self.a_scales.astype(np.float64)[:, None, :]
+        exact = np.einsum("mnbs,nbs->mnb", dots, self.b_sub_scales.astype(np.int64)).astype(np.float64) * d
+        if fp16:
+            sub = (self.b_sub_scales.astype(np.float16) * self.b_d[:, :, None]) * np.float16(1 / 16)
+            hp = 16 * fp16_block_sum(dots, sub).astype(np.float64)
+        else:
+            hp = exact
+        main = np.where(m4_rows(self.a_codes.shape[0])[:, None, None], hp, exact)
+        terms = a_scale * (main + dmin * Z)
+        bound = np.abs(a_scale) * (np.abs(main) + np.abs(dmin * Z))
+        return terms.sum(axis=2), bound.sum(axis=2)
+
+
+@dataclass(frozen=True)
+class Q3KCase:
+    """Q8_K A times Q3_K B (ggml's block_q3_K repacked into nrow_block_q3_k<32>: per column and super-block an
+    int8 scale per sub-block (ggml's 6-bit scale - 32), codes q - 4 * (1 - h) in -4..3 from 2-bit q and a high
+    bit h, fp16 d): C[m][n] = sum over super-blocks of a_scale * d * sum_s scale_s * dot_s. The A sums are
+    stored but unused."""
+    a_codes: np.ndarray       # (M, kb, 256) int8
+    a_scales: np.ndarray      # (M, kb) fp32
+    b_low: np.ndarray         # (N, kb, 256) 0..3
+    b_high: np.ndarray        # (N, kb, 256) 0/1
+    b_sub_scales: np.ndarray  # (N, kb, 16) -32..31
+    b_d: np.ndarray           # (N, kb) fp16
+
+    blk_len = QK_K
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.a_codes.shape[0], self.b_low.shape[0], self.a_codes.shape[1]
+
+    @staticmethod
+    def random(rng: np.random.Generator, M: int, N: int, kb: int) -> Q3KCase:
+        return Q3KCase(rng.integers(-128, 128, (M, kb, QK_K)).astype(np.int8),
+                       rng.uniform(0.001, 0.02, (M, kb)).astype(np.float32),
+                       rng.integers(0, 4, (N, kb, QK_K)), rng.integers(0, 2, (N, kb, QK_K)),
+                       rng.integers(-32, 32, (N, kb, SUBS)), rng.uniform(-0.02, 0.02, (N, kb)).astype(np.float16))
+
+    def b_values(self) -> np.ndarray:
+        return self.b_low.astype(np.int64) - 4 * (1 - self.b_high.astype(np.int64))
+
+    def a_bytes(self) -> bytes:
+        M, kb, _ = self.a_codes.shape
+        sums = np.random.default_rng(2).integers(-2**15, 2**15, (M, kb, SUBS)).astype(np.int16)  # unused: random
+        return q8k_a_bytes(self.a_codes, self.a_scales, sums)
+
+    def b_bytes(self) -> bytes:
+        """Per group of 32 columns and super-block, nrow_block_q3_k<32>: scales[512] (int8 at s*32 + ci),
+        hmask[1024] (uint16 at s*32 + ci, bit i = h of code i of sub-block s), qs[2048], scales16[32] (d)."""
+        N, kb, _ = self.b_low.shape
+        bit = (1 << np.arange(SUB)).astype(np.uint16)
+        out = []
+        for n in range(0, N, NB_COLS):
+            cols = slice(n, n + NB_COLS)
+            for k in range(kb):
+                hmask = (self.b_high[cols, k].reshape(NB_COLS, SUBS, SUB).astype(np.uint16) * bit).sum(
+                    axis=2, dtype=np.uint16)
+                out += [self.b_sub_scales[cols, k].T.astype(np.int8).tobytes(), hmask.T.astype("<u2").tobytes(),
+                        pack_2bit(self.b_low[cols, k]), self.b_d[cols, k].tobytes()]
+        return b"".join(out)
+
+    def reference(self, *, fp16: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(C, bound) for the rows as the dispatcher takes them. m4 rows (gemm_kernel_i8i3k_m4: vmadot i8):
+        sum_s scale_s * dot_s is exact in int32 (|.| <= 16 x 32 x 16 x 128 x 4) and in fp32. m1 rows
+        (gemm_kernel_i8i3k_m1): vmadot.hp with scale_s' = fp16(fp16(scale_s) * fp16(d / 16)), accumulated in
+        FP16 over the super-block, times fp32(a_scale * 16) (fp16 = False: without FP16 rounding)."""
+        dots = sub_block_dots(self.a_codes, self.b_values())
+        d = self.b_d.astype(np.float64)[None]
+        a_scale = self.a_scales.astype(np.float64)[:, None, :]
+        exact = np.einsum("mnbs,nbs->mnb", dots, self.b_sub_scales.astype(np.int64)).astype(np.float64) * d
+        if fp16:
+            sub = self.b_sub_scales.astype(np.float16) * (self.b_d * np.float16(1 / 16))[:, :, None]
+            hp = 16 * fp16_block_sum(dots, sub).astype(np.float64)
+        else:
+            hp = exact
+        main = np.where(m4_rows(self.a_codes.shape[0])[:, None, None], exact, hp)
+        terms = a_scale * main
+        return terms.sum(axis=2), np.abs(terms).sum(axis=2)

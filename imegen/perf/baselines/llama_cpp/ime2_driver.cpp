@@ -73,10 +73,14 @@ int main(int argc, char **argv)
     const size_t      k_blks = strtoul(argv[4], nullptr, 10), blk_len = strtoul(argv[5], nullptr, 10);
     const std::string dir = argv[6];
 
-    // A per row and k block: fp32 scale, int16 sum, blk_len int8 codes (rvv_kernels.h's q8_blk_size(.., true));
-    // B per column and k block: fp16 scale, blk_len int8 codes.
-    const entry entries[] = {
+    // A per row and k block: fp32 scale, int16 sums (one per 16 codes for the K-quants, one per block for
+    // i8i8: rvv_kernels.h's q8k_blk_size / q8_blk_size(.., true)), blk_len int8 codes. B per column and k
+    // block: i8i8 an fp16 scale and blk_len int8 codes; the K-quants their nrow_block_q*_k<32> over 32 columns.
+    const size_t q8k_row = sizeof(float) + sizeof(int16_t) * blk_len / 16 + blk_len;
+    const entry  entries[] = {
         { "i8i8", spacemit_kernels::ime2::gemm_kernel_i8i8, 4 + 2 + blk_len, 2 + blk_len },
+        { "i8i2k", spacemit_kernels::ime2::gemm_kernel_i8i2k, q8k_row, sizeof(spacemit_kernels::nrow_block_q2_k<32>) / 32 },
+        { "i8i3k", spacemit_kernels::ime2::gemm_kernel_i8i3k, q8k_row, sizeof(spacemit_kernels::nrow_block_q3_k<32>) / 32 },
     };
     const entry *e = nullptr;
     for (const entry &x : entries)
@@ -93,12 +97,17 @@ int main(int argc, char **argv)
                 M * k_blks * e->a_row_bytes_per_blk);
         return 2;
     }
+    if (N % 32 != 0 || b.size() != N * k_blks * e->b_col_bytes_per_blk) {
+        fprintf(stderr, "ime2 driver: b.bin has %zu bytes, expected %zu (N a multiple of 32)\n", b.size(),
+                N * k_blks * e->b_col_bytes_per_blk);
+        return 2;
+    }
     std::vector<float> c(M * N, -12345.0f);  // a value no kernel result is expected to hit: unwritten cells show
 
     imegen_ime2_emu_install();
     // One call per group of 32 columns: gemm_kernel_i8i8_m4 decrements its block count, an input-only asm
     // operand, so with clang -O2 a second column group in the same call runs one k block only (a bug of the
-    // kernel, not of what IME2 computes: docs/ime2-isa.md §9). Each call here sees one group.
+    // kernel, not of what IME2 computes: docs/ime2-isa.md §9). Each call here sees one group (every kernel).
     for (size_t n = 0; n < N; n += 32) {
         size_t a_off = 0;
         for (size_t m = 0; m < M;) {
