@@ -150,20 +150,27 @@ def test_q3k_layout_puts_each_value_where_mrow_ref_reads_it():
 
 
 def test_kquant_references_are_the_definitions():
-    """Without FP16 rounding the models are the dequantized matrices' product (B dequantized as ggml does:
-    Q2_K d * scale * q - (-dmin) * zp, here dmin's sign folded in as the kernel adds it; Q3_K d * scale * q)."""
+    """Without FP16 rounding the models are the dequantized matrices' product, B dequantized as ggml does
+    (Q2_K d * scale * q - dmin * zp, Q3_K d * scale * q, Q5_0 d * (q - 16), Q5_1 d * (q - zp)), given A's
+    stored sums as llama.cpp's quantizer writes them: minus the codes' sum."""
     rng = np.random.default_rng(8)
     case = ime2.Q2KCase.random(rng, 5, 32, 2)
     A = (case.a_codes.astype(np.float64) * case.a_scales[:, :, None]).reshape(5, -1)
     d, dmin = case.b_d.astype(np.float64)[:, :, None], case.b_dmin.astype(np.float64)[:, :, None]
     B = (d * np.repeat(case.b_sub_scales, 16, axis=2) * case.b_codes
-         + dmin * np.repeat(case.b_zps, 16, axis=2)).reshape(32, -1)
+         - dmin * np.repeat(case.b_zps, 16, axis=2)).reshape(32, -1)
     np.testing.assert_allclose(case.reference(fp16=False)[0], A @ B.T, rtol=1e-12, atol=1e-12)
     case3 = ime2.Q3KCase.random(rng, 5, 32, 2)
     A = (case3.a_codes.astype(np.float64) * case3.a_scales[:, :, None]).reshape(5, -1)
     B = (case3.b_d.astype(np.float64)[:, :, None] * np.repeat(case3.b_sub_scales, 16, axis=2)
          * case3.b_values()).reshape(32, -1)
     np.testing.assert_allclose(case3.reference(fp16=False)[0], A @ B.T, rtol=1e-12, atol=1e-12)
+    for zero_points in (False, True):
+        case5 = ime2.Q5Case.random(rng, 5, 32, 2, zero_points=zero_points)
+        A = (case5.a_codes.astype(np.float64) * case5.a_scales[:, :, None]).reshape(5, -1)
+        z = 16 if case5.b_zps is None else case5.b_zps.astype(np.float64)[:, :, None]
+        B = (case5.b_d.astype(np.float64)[:, :, None] * (case5.b_codes - z)).reshape(32, -1)
+        np.testing.assert_allclose(case5.reference()[0], A @ B.T, rtol=1e-12, atol=1e-12)
 
 
 def test_fp16_block_sum_rounds_each_step():
@@ -242,3 +249,61 @@ def test_gemm_kernel_i8i3k_extreme_values(tmp_path):
                         np.where(high == 1, 3, 0), high, _extreme(rng, base.b_sub_scales.shape, -32, 31),
                         (rng.choice([-1, 1], (N, kb)) * rng.uniform(0.1, 0.2, (N, kb))).astype(np.float16))
     _check_kquant(tmp_path, "i8i3k", case)
+
+
+# ---------------------------------------------------------------- gemm_kernel_i8i5 (Q5_0, Q5_1)
+
+@pytest.mark.parametrize("zero_points", [False, True])
+def test_q5_layout_puts_each_value_where_mrow_ref_reads_it(zero_points):
+    case = ime2.Q5Case.random(np.random.default_rng(9), 5, 64, 2, zero_points=zero_points)
+    size = 32 * (23 if zero_points else 22)
+    b = np.frombuffer(case.b_bytes(), np.uint8)
+    assert b.size == 2 * 2 * size
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        n, kb, k = rng.integers(0, 64), rng.integers(0, 2), rng.integers(0, 32)
+        blk, ci = b[((n // 32) * 2 + kb) * size:][:size], n % 32
+        assert blk[:64].view(np.float16)[ci] == case.b_d[n, kb]
+        qh, qs = blk[size - 640:size - 512], blk[size - 512:]
+        code = (qs[ci * 16 + k // 2] >> (4 * (k % 2)) & 15) | (qh[ci * 4 + k // 8] >> (k % 8) & 1) << 4
+        assert code == case.b_codes[n, kb, k]
+        if zero_points:
+            assert blk[64 + ci] == case.b_zps[n, kb]
+    a = np.frombuffer(case.a_bytes(), np.uint8)
+    off = 4 * 38  # rows 0-3, block 1: 4 scales, 4 sums, 4 x 32 codes
+    assert (a[off:off + 16].view(np.float32) == case.a_scales[:4, 1]).all()
+    assert (a[off + 16:off + 24].view(np.int16) == case.a_sums[:4, 1]).all()
+    assert (a[off + 24 + 64:off + 24 + 96].view(np.int8) == case.a_codes[2, 1]).all()
+
+
+@NEEDS_TOOLS
+@pytest.mark.parametrize("zero_points", [False, True])
+@pytest.mark.parametrize("M, N, kb", [(1, 32, 1), (3, 64, 2), (4, 32, 3), (9, 64, 4), (6, 32, 5)])
+def test_gemm_kernel_i8i5_agrees_with_numpy(tmp_path, zero_points, M, N, kb):
+    """Q5_0 (quant_b_zp null) and Q5_1 (non-null: zero points inside B), m4 and m1: vmadot i8, vpack at
+    pack_len SEW 8 (the nibble interleave), vupack (at SEW 64 in the Q5_1 m4 A layout). Integer block sums
+    exact in int32 and fp32; tolerance 1e-5 x the sum of the fp32 terms' magnitudes, as for i8i8."""
+    case = ime2.Q5Case.random(np.random.default_rng(M * 100 + N + kb), M, N, kb, zero_points=zero_points)
+    run = ime2.run(ime2.build(), case.kernel, case, tmp_path)
+    groups = ime2.row_groups(M)
+    assert run.rows == tuple(groups) * (N // 32)
+    # Per 32 columns and block: m1 4 vpack + 4 vupack + 8 vmadot + 3 vpack; m4 one vupack more (A) and
+    # 4 vpack for C.
+    assert run.emulated == (N // 32) * kb * sum(21 if g == 4 else 19 for g in groups)
+    assert np.isfinite(run.C).all()
+    assert ime2.max_error(run, case) <= 1.0
+
+
+@NEEDS_TOOLS
+@pytest.mark.parametrize("zero_points", [False, True])
+def test_gemm_kernel_i8i5_extreme_values(tmp_path, zero_points):
+    """A codes -128/127, B codes 0/31 (the high bit set or clear everywhere), zero points 0/255, A sums
+    -32768/32767: block sums up to 32 x 128 x 31 + 255 x 32768."""
+    rng = np.random.default_rng(13)
+    base = ime2.Q5Case.random(rng, 5, 64, 3, zero_points=zero_points)
+    zps = None if base.b_zps is None else _extreme(rng, base.b_zps.shape, 0, 255).astype(np.uint8)
+    case = ime2.Q5Case(_extreme(rng, base.a_codes.shape, -128, 127).astype(np.int8), base.a_scales,
+                       _extreme(rng, base.a_sums.shape, -32768, 32767).astype(np.int16),
+                       _extreme(rng, base.b_codes.shape, 0, 31), base.b_d, zps)
+    run = ime2.run(ime2.build(), case.kernel, case, tmp_path)
+    assert ime2.max_error(run, case) <= 1.0

@@ -18,8 +18,9 @@ vslidedown, of which only tile row 0 is used), where m1 leaves every row that re
 Which kernel needs what (the live code of ime2_kernels.cpp; docs/ime2-isa.md §9): every one of them lays
 out operands or results with vpack/vupack, so the emulator runs those two as well. Checked here, m4 and m1
 paths each: i8i8 (`gemm_kernel_i8i8`: Q8 weights, vmadot i8 + vpack + vupack), i8i2k (Q2_K: m4
-vmadotsu.hp, m1 vmadotsu i8; both vmadotsu/vmadotu for the zero points) and i8i3k (Q3_K: m4 vmadot i8, m1
-vmadot.hp)."""
+vmadotsu.hp, m1 vmadotsu i8; both vmadotsu/vmadotu for the zero points), i8i3k (Q3_K: m4 vmadot i8, m1
+vmadot.hp) and i8i5 (Q5_0 and Q5_1: vmadot i8, vpack at pack_len SEW 8). gemm_kernel_i8mxfp4 runs its scalar
+reference (its dispatcher's `#if 1`), so it has no IME2 to check."""
 
 from __future__ import annotations
 
@@ -286,7 +287,9 @@ class Q2KCase:
     """Q8_K A times Q2_K B (ggml's block_q2_K repacked into nrow_block_q2_k<32>: per column and super-block a
     4-bit scale and 4-bit zero point per sub-block, 2-bit codes, fp16 d and dmin):
     C[m][n] = sum over super-blocks of a_scale * (d * sum_s scale_s * dot_s + dmin * sum_s zp_s * a_sum_s),
-    with a_sum_s the int16 sums stored with A (the kernel reads them; it does not sum the codes)."""
+    with a_sum_s the int16 sums stored with A (the kernel reads them; it does not sum the codes). llama.cpp's A
+    quantizer stores minus the codes' sum (rvv_kernels.cpp), which makes this ggml's d * scale * q - dmin * zp;
+    random() does the same."""
     a_codes: np.ndarray    # (M, kb, 256) int8
     a_scales: np.ndarray   # (M, kb) fp32
     a_sums: np.ndarray     # (M, kb, 16) int16
@@ -306,7 +309,7 @@ class Q2KCase:
     def random(rng: np.random.Generator, M: int, N: int, kb: int) -> Q2KCase:
         a = rng.integers(-128, 128, (M, kb, QK_K)).astype(np.int8)
         return Q2KCase(a, rng.uniform(0.001, 0.02, (M, kb)).astype(np.float32),
-                       a.reshape(M, kb, SUBS, SUB).astype(np.int16).sum(axis=3, dtype=np.int16),
+                       -a.reshape(M, kb, SUBS, SUB).astype(np.int16).sum(axis=3, dtype=np.int16),
                        rng.integers(0, 4, (N, kb, QK_K)), rng.integers(0, 16, (N, kb, SUBS)),
                        rng.integers(0, 16, (N, kb, SUBS)),
                        rng.uniform(-0.02, 0.02, (N, kb)).astype(np.float16),
@@ -423,4 +426,78 @@ class Q3KCase:
             hp = exact
         main = np.where(m4_rows(self.a_codes.shape[0])[:, None, None], exact, hp)
         terms = a_scale * main
+        return terms.sum(axis=2), np.abs(terms).sum(axis=2)
+
+
+# ---------------------------------------------------------------- Q5_0 / Q5_1: data and the NumPy model
+
+def q8_a_bytes(codes: np.ndarray, scales: np.ndarray, sums: np.ndarray) -> bytes:
+    """Q8 A with one int16 sum per row and block of 32 (q8_blk_size(32, true)): each row group, per block, the
+    rows' fp32 scales, their sums, then their codes row after row."""
+    out, m = [], 0
+    for g in row_groups(codes.shape[0]):
+        for kb in range(codes.shape[1]):
+            out += [scales[m:m + g, kb].tobytes(), sums[m:m + g, kb].tobytes(), codes[m:m + g, kb].tobytes()]
+        m += g
+    return b"".join(out)
+
+
+@dataclass(frozen=True)
+class Q5Case:
+    """Q8 A times Q5 B (nrow_block_q5_0<32> or, with zero points, nrow_block_q5_1<32>: per column and block of 32
+    an fp16 scale d, [a uint8 zero point z], 5-bit codes q = low nibble | high bit << 4, 0..31):
+    C[m][n] = sum over blocks of a_scale * d * (dot(a, q) + z * a_sum), z = 16 for Q5_0, with a_sum the int16
+    sum stored with A (gemm_kernel_i8i5_mrow_ref; the kernels add it as stored). llama.cpp's A quantizer
+    stores minus the codes' sum, which makes this d * (q - z); random() does the same."""
+    a_codes: np.ndarray   # (M, kb, 32) int8
+    a_scales: np.ndarray  # (M, kb) fp32
+    a_sums: np.ndarray    # (M, kb) int16
+    b_codes: np.ndarray   # (N, kb, 32) 0..31
+    b_d: np.ndarray       # (N, kb) fp16
+    b_zps: np.ndarray | None  # (N, kb) uint8 for Q5_1, None for Q5_0
+
+    blk_len = BLK_LEN
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.a_codes.shape[0], self.b_codes.shape[0], self.a_codes.shape[1]
+
+    @property
+    def kernel(self) -> str:
+        return "i8i5" if self.b_zps is None else "i8i5zp"
+
+    @staticmethod
+    def random(rng: np.random.Generator, M: int, N: int, kb: int, *, zero_points: bool) -> Q5Case:
+        a = rng.integers(-128, 128, (M, kb, BLK_LEN)).astype(np.int8)
+        return Q5Case(a, rng.uniform(0.001, 0.02, (M, kb)).astype(np.float32),
+                      -a.astype(np.int16).sum(axis=2, dtype=np.int16), rng.integers(0, 32, (N, kb, BLK_LEN)),
+                      rng.uniform(-0.02, 0.02, (N, kb)).astype(np.float16),
+                      rng.integers(0, 256, (N, kb)).astype(np.uint8) if zero_points else None)
+
+    def a_bytes(self) -> bytes:
+        return q8_a_bytes(self.a_codes, self.a_scales, self.a_sums)
+
+    def b_bytes(self) -> bytes:
+        """Per group of 32 columns and block: scales16[32], [zp[32]], qh[128] (column ci's 32 high bits as a
+        little-endian word at 4*ci, bit k for code k), qs[512] (byte ci*16 + i: code 2i low nibble, 2i+1 high)."""
+        N, kb, _ = self.b_codes.shape
+        bit = (1 << np.arange(BLK_LEN, dtype=np.uint64))
+        out = []
+        for n in range(0, N, NB_COLS):
+            cols = slice(n, n + NB_COLS)
+            for k in range(kb):
+                q = self.b_codes[cols, k].astype(np.uint8)
+                qh = ((q >> 4).astype(np.uint64) * bit).sum(axis=1).astype("<u4")
+                qs = (q[:, 0::2] & 15) | (q[:, 1::2] & 15) << 4
+                zp = b"" if self.b_zps is None else self.b_zps[cols, k].tobytes()
+                out += [self.b_d[cols, k].tobytes(), zp, qh.tobytes(), qs.tobytes()]
+        return b"".join(out)
+
+    def reference(self) -> tuple[np.ndarray, np.ndarray]:
+        """(C, bound): the integer block sums are exact in int32 and fp32 (|.| <= 32 x 128 x 31 + 255 x 32768);
+        bound = sum of the fp32 terms' magnitudes."""
+        dots = np.einsum("mbk,nbk->mnb", self.a_codes.astype(np.int64), self.b_codes.astype(np.int64))
+        zps = np.full(self.b_d.shape, 16, np.int64) if self.b_zps is None else self.b_zps.astype(np.int64)
+        acc = dots + zps[None] * self.a_sums.astype(np.int64)[:, None, :]
+        terms = acc * self.a_scales.astype(np.float64)[:, None, :] * self.b_d.astype(np.float64)[None]
         return terms.sum(axis=2), np.abs(terms).sum(axis=2)

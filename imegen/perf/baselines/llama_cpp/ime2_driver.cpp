@@ -42,6 +42,8 @@ struct entry {
     entry_fn    fn;
     size_t      a_row_bytes_per_blk;  // bytes per row and k block in the A layout (scale, sum, blk_len codes)
     size_t      b_col_bytes_per_blk;  // bytes per column and k block in the B layout (scale, blk_len codes)
+    bool        zp_flag;              // pass a non-null quant_b_zp: i8i5 then reads Q5_1 blocks (zero points
+                                      // inside B), else Q5_0; no kernel reads through the pointer
 };
 
 std::vector<uint8_t> read_file(const std::string &path)
@@ -77,11 +79,19 @@ int main(int argc, char **argv)
     // i8i8: rvv_kernels.h's q8k_blk_size / q8_blk_size(.., true)), blk_len int8 codes. B per column and k
     // block: i8i8 an fp16 scale and blk_len int8 codes; the K-quants their nrow_block_q*_k<32> over 32 columns.
     const size_t q8k_row = sizeof(float) + sizeof(int16_t) * blk_len / 16 + blk_len;
+    const size_t q8_row = sizeof(float) + sizeof(int16_t) + blk_len;
     const entry  entries[] = {
-        { "i8i8", spacemit_kernels::ime2::gemm_kernel_i8i8, 4 + 2 + blk_len, 2 + blk_len },
-        { "i8i2k", spacemit_kernels::ime2::gemm_kernel_i8i2k, q8k_row, sizeof(spacemit_kernels::nrow_block_q2_k<32>) / 32 },
-        { "i8i3k", spacemit_kernels::ime2::gemm_kernel_i8i3k, q8k_row, sizeof(spacemit_kernels::nrow_block_q3_k<32>) / 32 },
+        { "i8i8", spacemit_kernels::ime2::gemm_kernel_i8i8, q8_row, 2 + blk_len, false },
+        { "i8i2k", spacemit_kernels::ime2::gemm_kernel_i8i2k, q8k_row,
+         sizeof(spacemit_kernels::nrow_block_q2_k<32>) / 32, false },
+        { "i8i3k", spacemit_kernels::ime2::gemm_kernel_i8i3k, q8k_row,
+         sizeof(spacemit_kernels::nrow_block_q3_k<32>) / 32, false },
+        { "i8i5", spacemit_kernels::ime2::gemm_kernel_i8i5, q8_row, sizeof(spacemit_kernels::nrow_block_q5_0<32>) / 32,
+         false },
+        { "i8i5zp", spacemit_kernels::ime2::gemm_kernel_i8i5, q8_row,
+         sizeof(spacemit_kernels::nrow_block_q5_1<32>) / 32, true },
     };
+    static const uint8_t zp_flag = 0;
     const entry *e = nullptr;
     for (const entry &x : entries)
         if (kernel == x.name)
@@ -111,7 +121,8 @@ int main(int argc, char **argv)
     for (size_t n = 0; n < N; n += 32) {
         size_t a_off = 0;
         for (size_t m = 0; m < M;) {
-            size_t rows = e->fn(blk_len, a.data() + a_off, b.data() + n * e->b_col_bytes_per_blk * k_blks, nullptr,
+            size_t rows = e->fn(blk_len, a.data() + a_off, b.data() + n * e->b_col_bytes_per_blk * k_blks,
+                                e->zp_flag ? &zp_flag : nullptr,
                                 c.data() + m * N + n, M - m, N - n < 32 ? N - n : 32, k_blks, N);
             printf("rows %zu\n", rows);
             if (rows == 0 || rows > M - m) {
