@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import interrupt
 from . import reference as ref
 from .abi import mlas_check
 from .abi.imegen import IMEGEN_ERR_VLEN
@@ -268,4 +269,5 @@ def format_table(rows: list[Row]) -> str:
 
 
 def stderr_log(msg: str) -> None:
+    interrupt.check()  # a Ctrl-C a finalizer swallowed stops the run at its next progress line
     print(msg, file=sys.stderr, flush=True)

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from . import __version__, cli_types
+from . import __version__, cli_types, interrupt
 from .check import check_dispatch, check_kernel, checked_cases, format_table, stderr_log
 from .errors import SpecError
 from .cli_types import add_command
@@ -378,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run = run_ort_command if args.command in ORT_COMMANDS else handler[args.command]
         code = run(args)
+        interrupt.check()  # a Ctrl-C that a finalizer swallowed: still "interrupted", status 130
         sys.stdout.flush()  # here, so that a closed pipe is caught below and not at interpreter exit
         return code
     except SpecError as e:

@@ -9,8 +9,9 @@ heavy, so it is in place before they start.
 from __future__ import annotations
 
 import os
-import signal
 import sys
+
+import _signal  # the C module: ready at once, where `import signal` first builds its enums (a window of its own)
 
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a job ended by Ctrl-C
 
@@ -25,14 +26,17 @@ def _leave_while_loading(signum, frame) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     # Only when SIGINT has Python's usual handler: a parent that ignores it (nohup, a background job) keeps that.
-    loading_handler = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    loading_handler = _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler
     if loading_handler:
-        signal.signal(signal.SIGINT, _leave_while_loading)
+        _signal.signal(_signal.SIGINT, _leave_while_loading)
     try:
         from .cli import main as cli_main
     finally:
         if loading_handler:  # from here on Ctrl-C unwinds, so a command removes what it was writing
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    from . import interrupt
+
+    interrupt.install()  # a press that a finalizer swallows is still honoured (imegen/interrupt.py)
     try:
         return cli_main(argv)
     except KeyboardInterrupt:  # outside the command itself: while the argument parser is being built

@@ -4,6 +4,7 @@ line on stderr and a documented exit status (130, 2, 2, 1), never a traceback or
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -61,6 +62,8 @@ def test_ctrl_c_while_imegen_is_still_importing(tmp_path, how):
         code, err = _interrupt_after(cmd, delay)
         if "Fatal Python error: init_import_site" in err:  # the interpreter's own startup, before any imegen code
             continue
+        if "Traceback" in err and not re.search(r'File "[^"]*/imegen/[^"]*\.py"', err):
+            continue  # the press landed in the launcher's own imports (pip's script, `-m`), before imegen's code ran
         assert code == 130, (delay, err)
         assert "Traceback" not in err and err.splitlines()[-1] == "interrupted", (delay, err)
         # before "interrupted" only check's progress lines ("[1/3] k...", "  k...: clang, vlen 128: ...")
