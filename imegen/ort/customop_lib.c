@@ -247,7 +247,7 @@ struct needs {
     size_t N, K;
 };
 
-static int is_ime(const kernel_t *k) { return !strcmp(k->target, "ime"); }
+static int is_ime(const kernel_t *k) { return k->needs_ime; }
 
 static int matches(const kernel_t *k, const struct needs *q) {
     return k->bits == q->bits && k->block == q->block && k->int8_compute == q->int8 && k->asymmetric == q->asym &&

@@ -7,7 +7,7 @@
 
 struct imegen_kernel_entry {
     const char *name;
-    const char *target; /* ime | rvv | scalar */
+    int needs_ime;      /* 1: executes vmadot, so runs only on IME harts (the target's own fact, targets/) */
     int vlen;           /* VLEN the kernel needs (ime: exactly 256, rvv: at least this), 0 for scalar */
     int gemv;           /* 1: decode kernel (preferred at M = 1), 0: gemm */
     int bits, block, int8_compute, asymmetric, bias, tile_m, panel;
