@@ -3,7 +3,7 @@
  * Build this file WITHOUT the V extension (-march=rv64gc): the handler runs while the
  * interrupted code's vector registers are live, and under QEMU user mode they are neither
  * saved nor restored around the signal. Compiled without V, the C code cannot touch them;
- * the only vector instructions are the explicit whole-register spills/fills below, which
+ * the only vector instructions are the explicit whole-register spills/fills of trap.h, which
  * also leave vl and vtype alone.
  *
  * Semantics (docs/ime-isa.md §2): C[4x4] int32 (rows 0-1 in vd, rows 2-3 in vd+1)
@@ -13,6 +13,7 @@
 #define _GNU_SOURCE /* REG_PC and the ucontext_t register names */
 #include "ime_emu.h"
 #include "harts.h"
+#include "trap.h"
 
 #include <signal.h>
 #include <stdint.h>
@@ -23,32 +24,6 @@
 #include <unistd.h>
 
 #define VLENB 32 /* K1: VLEN = 256 bits */
-
-/* Let the assembler accept one vector instruction although the file is built for rv64gc. */
-#define WITH_V(insn) ".option push\n\t.option arch, +v\n\t" insn "\n\t.option pop"
-
-/* Register numbers are part of the instruction, so each register needs its own asm statement. */
-#define VREGS(X)                                                                              \
-    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)  \
-    X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) X(28) X(29)   \
-    X(30) X(31)
-
-#define SPILL_CASE(n)                                                                  \
-    case n:                                                                            \
-        __asm__ volatile(WITH_V("vs1r.v v" #n ", (%0)") : : "r"(buf) : "memory");     \
-        break;
-#define FILL_CASE(n)                                                                   \
-    case n:                                                                            \
-        __asm__ volatile(WITH_V("vl1r.v v" #n ", (%0)") : : "r"(buf) : "memory");     \
-        break;
-
-static void vreg_spill(unsigned reg, void *buf) {
-    switch (reg) { VREGS(SPILL_CASE) }
-}
-
-static void vreg_fill(unsigned reg, const void *buf) {
-    switch (reg) { VREGS(FILL_CASE) }
-}
 
 struct vmadot {
     unsigned vd, vs1, vs2, slide;
@@ -136,30 +111,6 @@ unsigned long imegen_ime_emu_count(void) {
     return __atomic_load_n(&emulated_count, __ATOMIC_RELAXED);
 }
 
-/* Read the word at pc as two halfwords: pc is only 2-byte aligned, and a 16-bit
- * instruction may end a mapped page. */
-static int fetch_insn32(uintptr_t pc, uint32_t *word) {
-    const volatile uint16_t *p = (const volatile uint16_t *)pc;
-    uint16_t lo = p[0];
-    if ((lo & 3) != 3) /* compressed instruction */
-        return 0;
-    *word = lo | (uint32_t)p[1] << 16;
-    return 1;
-}
-
-/* Say which word trapped, with async-signal-safe write(2) only: the process dies next. */
-static void report_foreign(uint32_t word, uintptr_t pc) {
-    char msg[] = "imegen IME emulator: illegal instruction 0x........ at pc 0x................: not an IME "
-                 "instruction it runs (IME: vsetvli e8 m1 first; fp16: QEMU -cpu rv64,v=true,Zfh=true,vlen=256)\n";
-    char *w = strstr(msg, "0x") + 2, *p = strstr(w, "0x") + 2;
-    for (int i = 0; i < 8; i++)
-        w[i] = "0123456789abcdef"[(word >> (28 - 4 * i)) & 15];
-    for (int i = 0; i < 16; i++)
-        p[i] = "0123456789abcdef"[(pc >> (60 - 4 * i)) & 15];
-    ssize_t unused = write(2, msg, sizeof msg - 1);
-    (void)unused;
-}
-
 /* Say which hart lacks IME, with async-signal-safe write(2) only: the process dies next. */
 static void report_hart(int hart) {
     char digits[12], *d = digits + sizeof digits;
@@ -189,14 +140,9 @@ static void on_sigill(int sig, siginfo_t *si, void *ctx) {
         if (si->si_code > 0 && no_ime_here && fetch_insn32(pc, &word) && vmadot_decode(word, &d))
             report_hart(hart);
         else if (si->si_code > 0 && fetch_insn32(pc, &word))
-            report_foreign(word, pc);
-        /* Not ours: die honestly. The re-raised signal stays blocked until we return,
-         * then the default action terminates the process with SIGILL. */
-        struct sigaction dfl;
-        memset(&dfl, 0, sizeof dfl);
-        dfl.sa_handler = SIG_DFL;
-        sigaction(sig, &dfl, NULL);
-        raise(sig);
+            report_trap("imegen IME emulator", word, pc, "not an IME instruction it runs (IME: vsetvli e8 m1 first; "
+                        "fp16: QEMU -cpu rv64,v=true,Zfh=true,vlen=256)\n");
+        die_honestly(sig); /* not ours */
         return;
     }
     vmadot_execute(&d);
