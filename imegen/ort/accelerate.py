@@ -37,7 +37,7 @@ from pathlib import Path
 from ..cli_types import add_command
 from ..errors import SpecError
 from ..ir import _CHOICES, DIM_RANGE, KernelSpec, load_specs, specs_from_text
-from .external_data import ExternalDataError, checked_location, external_files
+from .external_data import ExternalDataError, ModelFileError, checked_location, external_files, load_graph
 from .serving import COMPUTE_FOR_LEVEL, NodeNeeds, Serving, refusal, serve
 
 TUNING_TABLE = Path(__file__).with_name("tuning.json")
@@ -559,18 +559,10 @@ def log(message: str) -> None:
 
 
 def load_model(path: Path):
-    import onnx
-
-    if not path.is_file():
-        raise AccelerateError(f"{path}: no such model file")
     try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as e:  # protobuf's DecodeError and friends
-        why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise AccelerateError(f"{path}: not an ONNX model ({why})") from None
-    if not model.HasField("graph"):  # an empty file parses as an empty ModelProto
-        raise AccelerateError(f"{path}: not an ONNX model (it holds no graph)")
-    return model
+        return load_graph(path)
+    except ModelFileError as e:
+        raise AccelerateError(str(e)) from None
 
 
 def quantization_words(need: NodeNeeds) -> str:

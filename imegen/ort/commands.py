@@ -57,18 +57,12 @@ def add_commands(sub) -> None:
 
 
 def _load_model(path: str):
-    """The model's graph, its external weights left in their files (a real LLM's do not fit a protobuf)."""
-    import onnx
+    from .external_data import ModelFileError, load_graph
 
-    if not Path(path).is_file():
-        raise UsageError(f"{path}: no such model file")
     try:
-        model = onnx.load(path, load_external_data=False)
-    except Exception as e:  # onnx raises DecodeError and friends
-        raise UsageError(f"{path}: not an ONNX model ({e})") from None
-    if not model.HasField("graph"):  # an empty file parses as an empty ModelProto
-        raise UsageError(f"{path}: not an ONNX model (it holds no graph)")
-    return model
+        return load_graph(path)
+    except ModelFileError as e:
+        raise UsageError(str(e)) from None
 
 
 def _save_rewritten(model, source: Path, output: Path) -> None:

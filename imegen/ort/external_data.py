@@ -1,7 +1,8 @@
-"""A model's external data files: which it references, and where they may be (inside its folder).
+"""A model read without its external weights, and its external data files: which it references, and where
+they may be (inside its folder).
 
-ort-accelerate copies them next to the rewritten model; ort-model-check links them next to its rewritten
-copy: both ask this module, which imports neither.
+ort-accelerate, ort-rewrite and ort-model-check read models and place those files through this module, which
+imports none of them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,27 @@ from pathlib import Path
 
 class ExternalDataError(ValueError):
     """A location outside the model's folder, or a file the model references that is not there."""
+
+
+class ModelFileError(ValueError):
+    """A model file that is missing or is not an ONNX model."""
+
+
+def load_graph(path: str | Path):
+    """The model's protobuf, its external weights left in their files (a real LLM's do not fit a protobuf, and
+    rewriting or checking needs only the graph)."""
+    import onnx
+
+    if not Path(path).is_file():
+        raise ModelFileError(f"{path}: no such model file")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf's DecodeError and friends
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelFileError(f"{path}: not an ONNX model ({why})") from None
+    if not model.HasField("graph"):  # an empty file parses as an empty ModelProto
+        raise ModelFileError(f"{path}: not an ONNX model (it holds no graph)")
+    return model
 
 
 def _tensors(graph):

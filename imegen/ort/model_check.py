@@ -38,7 +38,8 @@ import numpy as np
 from ..ir import KernelSpec
 from .customop import build_library, parse_stats
 from .ort_check import TOLERANCE, tolerance_text
-from .rewrite import NodeDecision, lower_to_fp32, rewrite
+from .rewrite import NodeDecision, lower_to_fp32, node_attributes, rewrite
+from .external_data import ModelFileError, load_graph
 from .riscv import DTYPES, RiscvSession
 
 FLOAT_DTYPES = (np.float32, np.float64, np.float16)
@@ -323,12 +324,6 @@ def compare_outputs(stock: dict, mine: dict, level: int, peer: dict | None = Non
 
 
 # ------------------------------------------------------------------------------------------ reading the graph
-def _attrs(node) -> dict:
-    from onnx import helper
-
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 def _dims(vi) -> list:
     """A graph input's dims: ints where static, the symbol's name (or None) where not."""
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in vi.type.tensor_type.shape.dim]
@@ -353,7 +348,7 @@ class _Graph:
             if node is None:
                 return None
             if node.op_type == "MatMulNBits":
-                return int(_attrs(node)["N"])
+                return int(node_attributes(node)["N"])
             if node.op_type == "MatMul" and node.input[1] in self.inits:
                 return int(self.inits[node.input[1]].dims[-1])
             rest = [x for x in node.input if x and x not in self.inits]
@@ -381,7 +376,7 @@ def _gqa_cache_dims(g: _Graph, name: str) -> tuple[int | None, int | None]:
     the width of its query projection over (num_heads + 2 kv_num_heads) heads (packed q/k/v) or num_heads."""
     for node, index in g.consumers(name):
         if node.op_type == "GroupQueryAttention" and index in (3, 4):
-            a = _attrs(node)
+            a = node_attributes(node)
             heads, kv = int(a["num_heads"]), int(a["kv_num_heads"])
             packed = len(node.input) < 2 or not node.input[1]
             width = g.width(node.input[0])
@@ -426,8 +421,8 @@ def _vocab(g: _Graph, logits: str | None, dims: dict[str, int]) -> int | None:
         if last and last[0] in dims:
             return dims[last[0]]
     for node, index in g.consumers("input_ids"):
-        if node.op_type in ("Gather", "GatherBlockQuantized") and index == 1 and not _attrs(node).get("axis", 0) \
-                and not _attrs(node).get("gather_axis", 0):
+        if node.op_type in ("Gather", "GatherBlockQuantized") and index == 1 and not node_attributes(node).get("axis", 0) \
+                and not node_attributes(node).get("gather_axis", 0):
             table = node.input[0]
             while table not in g.inits and table in g.producer and g.producer[table].op_type in ("Reshape", "Cast"):
                 table = g.producer[table].input[0]
@@ -638,7 +633,10 @@ def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: s
     dims = dict(dims or {})
     if seq < 1 or past < 0 or generate < 0:
         raise ModelCheckError(f"need seq >= 1, past >= 0, generate >= 0 (got {seq}, {past}, {generate})")
-    model = load_graph(model_path)
+    try:
+        model = load_graph(model_path)
+    except ModelFileError as e:
+        raise ModelCheckError(str(e)) from None
     dec = find_decoder(model, dims)
     if dec is not None and STEP_DIMS & dims.keys():
         raise ModelCheckError(f"--dim {sorted(STEP_DIMS & dims.keys())[0]}: a decoder's sequence lengths come "
@@ -687,19 +685,6 @@ def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: s
             for s in sessions:
                 s.close()
     return check
-
-
-def load_graph(path: str | Path):
-    """The model's graph, its external weights left in their files (they are not needed here, and a real
-    LLM's do not fit a protobuf)."""
-    import onnx
-
-    if not Path(path).is_file():
-        raise ModelCheckError(f"{path}: no such model file")
-    try:
-        return onnx.load(str(path), load_external_data=False)
-    except Exception as e:  # onnx raises DecodeError and friends
-        raise ModelCheckError(f"{path}: not an ONNX model ({e})") from None
 
 
 def _result_or_close(future, all_futures) -> RiscvSession:

@@ -32,7 +32,8 @@ class NodeDecision:
         return f"{'moved' if self.moved else 'kept '} {self.node}: {self.detail}"
 
 
-def _attrs(node) -> dict:
+def node_attributes(node) -> dict:
+    """A node's attributes by name, as Python values."""
     from onnx import helper
 
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -61,7 +62,7 @@ def node_needs(node, initializers: dict) -> tuple[NodeNeeds | None, str]:
     scales_type = initializers[ins[2]].data_type
     if scales_type not in (FLOAT, FLOAT16):
         return None, f"its scales are {TYPE_NAMES.get(scales_type, f'type {scales_type}')}: imegen's kernels take float32"
-    a = _attrs(node)
+    a = node_attributes(node)
     zp = initializers.get(ins[3])
     return NodeNeeds(bits=int(a.get("bits", 4)), block=int(a.get("block_size", 0)),
                      accuracy_level=int(a.get("accuracy_level", 0)), asymmetric=bool(ins[3]), bias=bool(ins[5]),
