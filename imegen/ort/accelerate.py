@@ -591,20 +591,6 @@ def summary_line(nodes: list[InspectedNode], decisions, n_kernels: int, opts: Op
     return f"{head}; {len(nodes) - served} kept ({kept})" + ("" if served else "; no library built")
 
 
-def _lower_levels(model, nodes: list[InspectedNode], specs: list[KernelSpec]) -> set[int]:
-    """--compute fp32: level-4 nodes that the specs serve at fp32 get accuracy_level 0 (ORT's fp32 contract)."""
-    from .rewrite import _set_level
-
-    lowered = set()
-    for i, (node, inspected) in enumerate(zip(matmul_nbits_nodes(model), nodes)):
-        need = inspected.need
-        if need and not inspected.why_not and need.accuracy_level == INT8_LEVEL \
-                and serve(specs, with_compute(need, "fp32")).ok:
-            _set_level(node, FP32_LEVEL)
-            lowered.add(i)
-    return lowered
-
-
 def _checked_output(opts: Options) -> Path:
     if opts.target != "k1":
         raise AccelerateError(f"--target {opts.target}: not yet: imegen's IME kernels and tuning are for the K1's X60 "
@@ -659,7 +645,7 @@ def _remove_stale_outputs(opts: Options) -> None:
 
 
 def accelerate(opts: Options) -> Outcome:
-    from .rewrite import rewrite
+    from .rewrite import lower_to_fp32, rewrite
 
     if opts.model.is_file() and opts.model.stat().st_size > BIG_MODEL:
         log(f"reading {opts.model} ({opts.model.stat().st_size >> 20} MiB)...")
@@ -668,7 +654,7 @@ def accelerate(opts: Options) -> Outcome:
     nodes = inspect_model(model)
     externals = [_own_location(loc, opts.model.parent) for loc in external_files(model)]
     specs, spec_text, intended = _kernels(opts, nodes)
-    lowered = _lower_levels(model, nodes, specs) if opts.compute == "fp32" else set()
+    lowered = lower_to_fp32(model, specs) if opts.compute == "fp32" else set()
     decisions = rewrite(model, specs, int8_compute=opts.compute == "int8")
     if intended is not None:  # the rewrite moved exactly the nodes derived for, onto their kernels
         assert {i for i, d in enumerate(decisions) if d.moved} == set(intended), (decisions, intended)

@@ -113,18 +113,16 @@ def rewrite(model, specs: list[KernelSpec], *, int8_compute: bool = False) -> li
     return decisions
 
 
-def lower_to_fp32(model, specs: list[KernelSpec]) -> int:
+def lower_to_fp32(model, specs: list[KernelSpec]) -> set[int]:
     """What `ort-accelerate --compute fp32` does to a model: level-4 nodes the specs serve at fp32 compute get
-    accuracy_level 0 (ORT's fp32 contract). Returns how many were lowered."""
+    accuracy_level 0 (ORT's fp32 contract). Returns their indices among the model's MatMulNBits nodes."""
     initializers = constant_initializers(model.graph)
-    lowered = 0
-    for node in model.graph.node:
-        if node.op_type != "MatMulNBits" or node.domain != MS_DOMAIN:
-            continue
+    nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits" and n.domain == MS_DOMAIN]
+    lowered = set()
+    for i, node in enumerate(nodes):
         need, _ = node_needs(node, initializers)
         if need is not None and need.accuracy_level == INT8_LEVEL and \
                 serve(specs, NodeNeeds(**{**need.__dict__, "accuracy_level": 0})).ok:
             _set_level(node, 0)
-            lowered += 1
+            lowered.add(i)
     return lowered
-
