@@ -234,8 +234,10 @@ X60, A60, X100 = 0x8000000058000001, 0x8000000041000001, 0x8000000058000002
     ([X100] * 8, "reported 8: none"),  # a K3's X100 cores: no IME1
 ])
 def test_cpuinfo_marchids(harts_exe, marchids, expect):
+    """runtime/harts.h, and toolchain.ime_harts (imegen's own runs on a riscv64 host) reading the same text alike."""
     got = subprocess.run([harts_exe], input=cpuinfo(marchids), capture_output=True, text=True).stdout.strip()
     assert got == expect
+    assert (" ".join(map(str, toolchain.ime_harts(cpuinfo(marchids)))) or "none") == expect.split(": ")[1].strip()
 
 
 # --------------------------------------------------------------------------- one packed copy per layout
