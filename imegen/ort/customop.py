@@ -24,7 +24,8 @@ from . import sysroot
 from .serving import NodeNeeds, serve, serving_kernels  # noqa: F401 (the library's rule, re-exported)
 
 DOMAIN = "ai.imegen"
-LIB_SOURCES = (Path(__file__).parent / "customop_lib.c", Path(__file__).parent / "customop_lib.h")
+LIB_SOURCES = (Path(__file__).parent / "customop_lib.c", Path(__file__).parent / "customop_lib.h",
+               Path(__file__).parent / "decoder_ops.c", Path(__file__).parent / "decoder_ops.h")
 FLAVOURS = ("hardware", "qemu")
 HEADER_VERSION = "1.21"  # the oldest supported ORT: its C API header serves it and every newer ORT
 
@@ -140,6 +141,9 @@ def build_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour
         glue = pic + (["-DIMEGEN_IME_EMULATION"] if emulate else []) + [f'-DIMEGEN_DOMAIN="{DOMAIN}"']
         objs.append(toolchain.compile_c([LIB_SOURCES[0]], d / "customop_lib.o", march="rv64gc", extra_flags=glue,
                                         include_dirs=incs))
+        # The decoder operators: vector-length-agnostic RVV, for any RVV 1.0 hart
+        objs.append(toolchain.compile_c([LIB_SOURCES[2]], d / "decoder_ops.o", march="rv64gcv", extra_flags=pic,
+                                        include_dirs=incs))
         if emulate:  # rv64gc: the emulator's own C code must not touch the V registers it emulates on
             objs.append(toolchain.compile_c([toolchain.RUNTIME_DIR / "ime_emu.c"], d / "ime_emu.o", march="rv64gc",
                                             extra_flags=pic, include_dirs=incs))
@@ -166,6 +170,16 @@ def parse_stats(text: str) -> dict[str, int]:
             out["packed_bytes"] = int(parts[1])
         elif len(parts) == 7 and parts[0] == "ime_slices":
             out.update({f"slices_{parts[i]}": int(parts[i + 1]) for i in (1, 3, 5)})
+    return out
+
+
+def parse_decoder_stats(text: str) -> dict[str, tuple[int, int]]:
+    """imegen_ort_stats() text -> {decoder operator: (live nodes, calls)}, for the operators some node used."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 6 and parts[0] == "decoder" and parts[2] == "nodes" and parts[4] == "calls":
+            out[parts[1]] = (int(parts[3]), int(parts[5]))
     return out
 
 

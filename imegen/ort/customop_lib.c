@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "customop_lib.h"
+#include "decoder_ops.h"
 #include "harts.h"
 #include "onnxruntime_c_api.h"
 #ifdef IMEGEN_IME_EMULATION
@@ -716,6 +717,7 @@ const char *imegen_ort_stats(void) {
     pthread_mutex_lock(&live_lock);
     for (const struct node *n = live_nodes; n; n = n->next) append_route(&at, n);
     pthread_mutex_unlock(&live_lock);
+    imegen_decoder_ops_stats(append, &at);
 #ifdef IMEGEN_IME_EMULATION
     append(&at, "vmadots %lu\n", imegen_ime_emu_count());
 #endif
@@ -743,6 +745,7 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
     OrtCustomOpDomain *domain;
     TRY(ort->CreateCustomOpDomain(IMEGEN_DOMAIN, &domain));
     TRY(ort->CustomOpDomain_Add(domain, &matmul_nbits_op));
+    TRY(imegen_decoder_ops_add(domain));
     return ort->AddCustomOpDomain(options, domain);
 }
 
@@ -751,6 +754,7 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
 static void init_process(void) {
     hart_list_error = find_ime_harts();
     if (hart_list_error) snprintf(hart_list_text, sizeof hart_list_text, "%s", getenv(IMEGEN_IME_HARTS_ENV));
+    imegen_decoder_ops_init(ort);
     OrtCustomOp *op = &matmul_nbits_op;
     memset(op, 0, sizeof *op);
     op->version = ORT_API_VERSION;
