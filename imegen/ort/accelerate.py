@@ -17,8 +17,11 @@ a custom-op library whose kernels are chosen for each MatMulNBits node's shape o
 3. Build the library (customop.build_library, cached), rewrite the model (rewrite.rewrite), copy the model's
    external data files next to the new model (copy-on-write clones where the file system can; never again
    when unchanged), and report one line per node.
+4. With MatMulNBits nodes served, the decoder's other nodes (RMSNorms, the SiLU-gated MLP's activation,
+   GroupQueryAttention) move onto the library's RVV operators where their form is served
+   (decoder_ops.rewrite_decoder_ops); --matmul-only keeps them on ORT's kernels.
 
-Exit status: 0 when every MatMulNBits node is served, 3 when some or all are not (or the model has none),
+Exit status: 0 when every MatMulNBits and decoder node is served, 3 when some or all are not (or the model has none),
 2 for a user error (unreadable model, bad spec, unknown target).
 """
 
@@ -38,6 +41,7 @@ from ..cli_types import add_command
 from ..errors import SpecError
 from ..ir import _CHOICES, DIM_RANGE, KernelSpec, load_specs, specs_from_text
 from .external_data import ExternalDataError, ModelFileError, checked_location, external_files, load_graph
+from .decoder_ops import DecoderDecision, rewrite_decoder_ops
 from .serving import COMPUTE_FOR_LEVEL, NodeNeeds, Serving, refusal, serve
 
 TUNING_TABLE = Path(__file__).with_name("tuning.json")
@@ -546,6 +550,7 @@ class Options:
     compute: str | None = None  # None: by accuracy level
     target: str = "k1"
     ort_include: str | None = None
+    decoder: bool = True  # also move the decoder's other nodes onto imegen's RVV operators (decoder_ops.py)
 
 
 @dataclass(frozen=True)
@@ -660,6 +665,7 @@ def accelerate(opts: Options) -> Outcome:
         assert {i for i, d in enumerate(decisions) if d.moved} == set(intended), (decisions, intended)
         assert all(decisions[i].serving == s for i, s in intended.items()), (decisions, intended)
     served = [d for d in decisions if d.moved]
+    decoder = rewrite_decoder_ops(model) if served and opts.decoder else []
     out.mkdir(parents=True, exist_ok=True)
     if served:
         _write_outputs(opts, model, specs, spec_text, externals)
@@ -667,11 +673,27 @@ def accelerate(opts: Options) -> Outcome:
         _remove_stale_outputs(opts)
     used = {name for d in served for name in d.serving.names()}
     lines = [node_line(n, d, *_levels(n, d, i in lowered)) for i, (n, d) in enumerate(zip(nodes, decisions))]
+    lines += [decoder_line(d) for d in decoder]
     lines += notes(decisions, lowered, opts)
     lines.append(summary_line(nodes, decisions, len(used), opts))
+    if decoder:
+        lines.append(decoder_summary(decoder))
     report = "\n".join(lines) + "\n"
     write_if_changed(out / "report.txt", report.encode())
-    return Outcome(report, 0 if nodes and len(served) == len(nodes) else 3)
+    all_served = nodes and len(served) == len(nodes) and all(d.moved for d in decoder)
+    return Outcome(report, 0 if all_served else 3)
+
+
+def decoder_line(d: DecoderDecision) -> str:
+    return f"{'served' if d.moved else 'kept'} {d.node} ({d.op}): {d.detail}"
+
+
+def decoder_summary(decoder: list[DecoderDecision]) -> str:
+    served = Counter(d.op for d in decoder if d.moved)
+    kept = Counter(d.op for d in decoder if not d.moved)
+    words = ", ".join(f"{op} {n}" for op, n in served.items()) or "none"
+    tail = f"; kept: {', '.join(f'{op} {n}' for op, n in kept.items())}" if kept else ""
+    return f"{sum(served.values())} of {len(decoder)} other decoder nodes served by imegen's RVV operators ({words}){tail}"
 
 
 def _levels(node: InspectedNode, decision, lowered: bool) -> tuple[int, int]:
@@ -710,6 +732,9 @@ def add_parser(sub) -> None:
     p.add_argument("--ort-include", metavar="DIR",
                    help="build against this folder's onnxruntime_c_api.h (ORT 1.21 or newer), e.g. the board's "
                         "/usr/include/onnxruntime (default: Debian's ORT 1.21 header)")
+    p.add_argument("--matmul-only", action="store_true",
+                   help="move only MatMulNBits nodes: keep the decoder's norms, SiLU and attention on ORT's own "
+                        "kernels (default: imegen's RVV operators serve the forms they can)")
 
 
 def run_command(args) -> int:
@@ -717,7 +742,7 @@ def run_command(args) -> int:
     from .customop import CustomOpError
 
     opts = Options(Path(args.model), Path(args.output), Path(args.spec) if args.spec else None, args.flavour,
-                   args.compute, args.target, args.ort_include)
+                   args.compute, args.target, args.ort_include, not args.matmul_only)
     try:
         outcome = accelerate(opts)
     except (AccelerateError, CustomOpError) as e:

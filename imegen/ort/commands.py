@@ -41,6 +41,9 @@ def add_commands(sub) -> None:
     mc.add_argument("--compute", choices=("fp32", "int8"), default=None,
                     help="as ort-accelerate --compute: int8 moves accuracy_level 0-3 nodes as level 4, fp32 runs "
                          "level-4 nodes as level 0 (default: each node's own level)")
+    mc.add_argument("--matmul-only", action="store_true",
+                    help="move only MatMulNBits nodes: keep the decoder's norms, SiLU and attention on ORT's own "
+                         "kernels (default: imegen's RVV operators serve the forms they can)")
     lib = cli_types.add_command(sub, "ort-library", "build the ORT custom-op library for SPEC's imegen-ABI kernels")
     lib.add_argument("spec", help="the kernel spec (.imegen)")
     lib.add_argument("--flavour", choices=("hardware", "qemu"), default="hardware",
@@ -54,6 +57,9 @@ def add_commands(sub) -> None:
     rw.add_argument("spec", help="the kernel spec (.imegen) whose kernels serve the nodes")
     rw.add_argument("model", help="the ONNX model to rewrite")
     rw.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the rewritten model")
+    rw.add_argument("--matmul-only", action="store_true",
+                    help="move only MatMulNBits nodes: keep the decoder's norms, SiLU and attention on ORT's own "
+                         "kernels (default: imegen's RVV operators serve the forms they can)")
 
 
 def _load_model(path: str):
@@ -101,11 +107,16 @@ def run_command(args) -> int:
             from .rewrite import rewrite
 
             model = _load_model(args.model)
+            from .decoder_ops import rewrite_decoder_ops
+
             decisions = rewrite(model, specs)
+            moved = sum(d.moved for d in decisions)
+            decoder = rewrite_decoder_ops(model) if moved and not args.matmul_only else []
             _save_rewritten(model, Path(args.model), Path(args.output))
-            for d in decisions:
+            for d in [*decisions, *decoder]:
                 print(d)
-            print(f"{sum(d.moved for d in decisions)} of {len(decisions)} MatMulNBits nodes moved; wrote {args.output}")
+            more = f", {sum(d.moved for d in decoder)} of {len(decoder)} decoder nodes" if decoder else ""
+            print(f"{moved} of {len(decisions)} MatMulNBits nodes{more} moved; wrote {args.output}")
             return 0
         from .model_check import ModelCheckError, model_check
 
@@ -121,7 +132,7 @@ def run_command(args) -> int:
         try:
             check = model_check(specs, args.model, spec_file=args.spec, version=args.ort_version, inputs=inputs,
                                 seed=args.seed, dims=dims, threads=args.threads, seq=args.seq, past=args.past,
-                                generate=args.generate, compute=args.compute)
+                                generate=args.generate, compute=args.compute, decoder=not args.matmul_only)
         except ModelCheckError as e:
             raise UsageError(str(e)) from None
         print(check.report())

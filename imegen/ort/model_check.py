@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from ..ir import KernelSpec
-from .customop import build_library, parse_stats
+from .customop import build_library, parse_decoder_stats, parse_stats
+from .decoder_ops import DecoderDecision, rewrite_decoder_ops
 from .ort_check import TOLERANCE, tolerance_text
 from .rewrite import NodeDecision, lower_to_fp32, node_attributes, rewrite
 from .external_data import ModelFileError, load_graph
@@ -134,6 +135,8 @@ class ModelCheck:
     peak_rss: tuple[int, int] = (0, 0)  # bytes: the stock and the imegen session's riscv64 process at the end
     peer: str = ""  # the peer that ran, e.g. "onnxruntime 1.32.0 on x86_64" ("": none)
     peer_note: str = ""  # at level 4, why no peer ran (or stopped)
+    decoder: list[DecoderDecision] = field(default_factory=list)  # the decoder's other nodes (decoder_ops.py)
+    decoder_calls: dict[str, tuple[int, int]] = field(default_factory=dict)  # operator -> (live nodes, calls)
 
     @property
     def moved(self) -> int:
@@ -167,14 +170,23 @@ class ModelCheck:
         return any(self.stats.get(k, 0) for k in self.kernels)
 
     @property
+    def idle_decoder_ops(self) -> list[str]:
+        """Decoder operators some node was moved to that no run called."""
+        moved = dict.fromkeys(d.op for d in self.decoder if d.moved)
+        return [op for op in moved if not self.decoder_calls.get(op, (0, 0))[1]]
+
+    @property
     def ok(self) -> bool:
         return (self.moved > 0 and bool(self.outputs) and all(o.ok for o in self.outputs) and self.kernels_ran
-                and (not self.generate or self.tokens_agree))
+                and not self.idle_decoder_ops and (not self.generate or self.tokens_agree))
 
     def report(self) -> str:
         lines = [f"onnxruntime {self.ort_version} (riscv64, under QEMU): stock vs imegen custom ops",
                  f"MatMulNBits nodes: {self.moved} of {len(self.decisions)} rewritten"]
         lines += [f"  {d}" for d in self.decisions]
+        if self.decoder:
+            lines.append(f"decoder nodes: {sum(d.moved for d in self.decoder)} of {len(self.decoder)} rewritten")
+            lines += [f"  {d}" for d in self.decoder]
         if not self.moved:
             lines += [f"nothing was checked: 0 of {len(self.decisions)} MatMulNBits nodes rewritten", "FAIL"]
             return "\n".join(lines)
@@ -188,6 +200,11 @@ class ModelCheck:
         calls = ", ".join(f"{k} {self.stats[k]}" for k in self.kernels if self.stats.get(k))
         lines.append(f"imegen kernel calls: {calls or 'none'}"
                      + (f"; emulated vmadots {self.stats['vmadots']}" if "vmadots" in self.stats else ""))
+        if self.decoder_calls:
+            lines.append("imegen decoder operator calls: " + ", ".join(f"{op} {calls}" for op, (_, calls)
+                                                                     in self.decoder_calls.items()))
+        if self.idle_decoder_ops:
+            lines.append(f"nothing was checked for {', '.join(self.idle_decoder_ops)}: no run called it")
         idle = self.idle_kernels()
         if idle:
             lines.append(f"not exercised by these runs (their rows of A, or a thread without IME, never came): "
@@ -624,12 +641,13 @@ def _decoder_steps(sides: _Sides, dec: Decoder, feeds: dict, level: int, generat
 def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: str = "<spec>", version: str = "1.23",
                 inputs: dict[str, np.ndarray] | None = None, seed: int = 0, dims: dict[str, int] | None = None,
                 threads: int = 1, seq: int = DEFAULT_SEQ, past: int = DEFAULT_PAST, generate: int = 0,
-                compute: str | None = None) -> ModelCheck:
+                compute: str | None = None, decoder: bool = True) -> ModelCheck:
     """Check `model_path` in stock ORT vs ORT + imegen (see the module's docstring). `inputs` are the
     (prefill) feeds, else random from `seed`; `dims` size symbolic dims (a decoder's sequence lengths
     come from `seq` and `past`); `generate` > 0 greedy-decodes that many tokens on both sides;
     `compute`: "int8" moves accuracy levels 0-3 as level 4, "fp32" lowers level 4 to 0 where fp32 kernels
-    serve, as `ort-accelerate --compute int8|fp32` does (None: each node's own level)."""
+    serve, as `ort-accelerate --compute int8|fp32` does (None: each node's own level); `decoder`: also move the
+    decoder's other nodes onto imegen's operators (decoder_ops.py), as ort-accelerate does unless --matmul-only."""
     dims = dict(dims or {})
     if seq < 1 or past < 0 or generate < 0:
         raise ModelCheckError(f"need seq >= 1, past >= 0, generate >= 0 (got {seq}, {past}, {generate})")
@@ -651,6 +669,8 @@ def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: s
         lower_to_fp32(model, specs)
     decisions = rewrite(model, specs, int8_compute=compute == "int8")
     check = ModelCheck(version, decisions, _level(model), generate=generate, kernels=tuple(s.name for s in specs))
+    if decoder and check.moved:
+        check.decoder = rewrite_decoder_ops(model)
     if not check.moved:
         return check  # nothing imegen would run: no session, and the report says so
     if dec is not None:
@@ -678,7 +698,9 @@ def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: s
             else:
                 check.steps = _decoder_steps(sides, dec, feeds, check.level, generate)
             check.peer_note = check.peer_note or (peer.note if peer else "")
-            check.stats = parse_stats(sides.mine.stats())
+            stats_text = sides.mine.stats()
+            check.stats = parse_stats(stats_text)
+            check.decoder_calls = parse_decoder_stats(stats_text)
             check.peak_rss = (sides.stock.peak_rss(), sides.mine.peak_rss())
         finally:
             sides.close()

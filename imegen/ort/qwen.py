@@ -1,5 +1,7 @@
 """A Qwen2.5-0.5B-architecture decoder as an ONNX model, built with onnx.helper from seeded random
-weights (no downloads), and a greedy decoding loop over any `feeds -> outputs` callable.
+weights (no downloads), and a greedy decoding loop over any `feeds -> outputs` callable; and
+`imegen qwen-model`, which writes either this plain form (`--form plain`) or, by default, the form
+onnxruntime-genai's model builder exports (imegen/ort/genai_form.py).
 
 Architecture (Qwen2.5-0.5B's config): hidden 896, 14 query heads and 2 KV heads of dim 64 (grouped-
 query attention), SiLU-gated MLP with intermediate 4864, RMSNorm eps 1e-6, rotary embedding theta 1e6
@@ -304,39 +306,91 @@ def host_runner(session) -> Run:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="imegen qwen-model", description="write a Qwen2.5-0.5B-architecture "
-                                 "ONNX model with random weights and MatMulNBits projections")
+    ap = argparse.ArgumentParser(prog="imegen qwen-model", description=SUMMARY)
     add_arguments(ap)
     return run_command(ap.parse_args(argv))
 
 
+SUMMARY = ("write a Qwen2.5-0.5B-architecture ONNX model (random weights, int4/int8 MatMulNBits) in the form "
+           "onnxruntime-genai exports, or in plain ops")
 # What qwen-model offers: MatMulNBits' bit widths and block sizes (powers of two, 16-256), its accuracy levels.
 BITS, BLOCKS, LEVELS = (4, 8), (16, 32, 64, 128, 256), (0, 1, 2, 3, 4)
+FORMS = ("genai", "plain")
+GENAI_ONLY = ("--untied", "--context")  # options of the genai form alone
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("output", help="model file to write (.onnx)")
+    ap.add_argument("--form", choices=FORMS, default="genai", help=(
+        "genai (default): the graph onnxruntime-genai's model builder exports (GroupQueryAttention with "
+        "rotary, SimplifiedLayerNormalization, fused q/k/v MatMulNBits, the int4 embedding shared with the "
+        "lm_head; onnxruntime 1.22 or later runs it), weights in OUTPUT.data beside it when over 64 MiB, and "
+        "genai_config.json beside it; plain: opset-17 ops and MatMulNBits from onnxruntime's quantizer, "
+        "inputs input_ids and position_ids, one file (any onnxruntime runs it, 1.21 too)"))
     ap.add_argument("--layers", type=cli_types.at_least(1), default=24, help="decoder layers (default 24, as Qwen2.5-0.5B)")
     ap.add_argument("--vocab", type=cli_types.at_least(1), default=151936,
                     help="vocabulary size (default 151936, as Qwen2.5-0.5B)")
     ap.add_argument("--bits", type=cli_types.one_of(BITS), choices=BITS, default=4, help="weight bits (default 4)")
     ap.add_argument("--block", type=cli_types.one_of(BLOCKS), choices=BLOCKS, default=32,
                     help="quantization block size (default 32)")
-    ap.add_argument("--symmetric", action="store_true", help="no zero points")
+    zero = ap.add_mutually_exclusive_group()
+    zero.add_argument("--symmetric", action="store_true", default=None,
+                      help="no zero points (the default of --form genai, as genai exports)")
+    zero.add_argument("--asymmetric", dest="symmetric", action="store_false",
+                      help="uint8 zero points (the default of --form plain, as onnxruntime's quantizer writes)")
     ap.add_argument("--accuracy-level", type=cli_types.one_of(LEVELS), choices=LEVELS, default=4,
                     help="MatMulNBits accuracy_level of every node (default 4: int8 compute)")
+    ap.add_argument("--untied", action="store_true", help=(
+        "--form genai: the embedding as its own fp32 Gather, not read from the lm_head's int4 weights (genai's "
+        "shared_embeddings=false); 8-bit or asymmetric weights are always untied, as genai exports them"))
+    ap.add_argument("--context", type=cli_types.at_least(1), default=None,
+                    help="--form genai: positions the rotary caches hold (default 32768, as Qwen2.5-0.5B)")
     ap.add_argument("--seed", type=cli_types.seed, default=0, help="seed of the random weights (default 0)")
 
 
 def run_command(args) -> int:
     t0 = time.perf_counter()
     log = lambda msg: print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    if args.form == "plain":
+        given = [opt for opt, value in (("--untied", args.untied), ("--context", args.context)) if value]
+        if given:
+            print(f"error: {' and '.join(given)} apply to --form genai only", file=sys.stderr)
+            return 2
+        return _write_plain(args, log)
+    return _write_genai(args, log)
+
+
+def _write_plain(args, log) -> int:
+    symmetric = bool(args.symmetric)  # onnxruntime's quantizer defaults to zero points
     c = build_model(args.output, layers=args.layers, vocab=args.vocab, bits=args.bits, block=args.block,
-                    symmetric=args.symmetric, accuracy_level=args.accuracy_level, seed=args.seed, log=log)
+                    symmetric=symmetric, accuracy_level=args.accuracy_level, seed=args.seed, log=log)
     size = Path(args.output).stat().st_size
     print(f"wrote {args.output}: {c.layers} layers, vocab {c.vocab}, {args.bits}-bit block {args.block} "
-          f"{'symmetric' if args.symmetric else 'asymmetric'}, accuracy_level {args.accuracy_level}, "
+          f"{'symmetric' if symmetric else 'asymmetric'}, accuracy_level {args.accuracy_level}, "
           f"{(c.layers * 7 + 1)} MatMulNBits, {size / 2**20:.1f} MiB")
+    return 0
+
+
+def _write_genai(args, log) -> int:
+    from . import genai_form
+
+    symmetric = args.symmetric is not False  # genai's default: no zero points
+    # genai shares the embedding only for symmetric int4 (GatherBlockQuantized is 4-bit; its asymmetric
+    # shared form does not load in onnxruntime, so the working asymmetric export turns sharing off).
+    tied = args.bits == 4 and symmetric and not args.untied
+    c = genai_form.GenaiConfig(layers=args.layers, vocab=args.vocab, bits=args.bits, block=args.block,
+                               symmetric=symmetric, accuracy_level=args.accuracy_level, tied=tied, seed=args.seed,
+                               context=args.context or genai_form.GenaiConfig.context)
+    try:
+        c, files = genai_form.write_genai_model(args.output, c, log=log)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    size = sum(f.stat().st_size for f in files)
+    print(f"wrote {', '.join(map(str, files))}: genai form, {c.layers} layers, vocab {c.vocab}, {c.bits}-bit block "
+          f"{c.block} {'symmetric' if symmetric else 'asymmetric'}, accuracy_level {c.accuracy_level}, "
+          f"{'embedding shared with the lm_head' if tied else 'own fp32 embedding'}, {c.matmuls} MatMulNBits, "
+          f"{size / 2**20:.1f} MiB")
     return 0
 
 
