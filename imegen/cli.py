@@ -356,8 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_ort_commands(sub)  # ort-accelerate, ort-model-check, ort-library, ort-rewrite
     _add_kernel_commands(sub)
     _add_ort_build_commands(sub)
-    qwen.add_arguments(add_command(sub, "qwen-model", "write a Qwen2.5-0.5B-architecture ONNX model (random weights, "
-                                   "MatMulNBits via onnxruntime's quantizer)"))
+    qwen.add_arguments(add_command(sub, "qwen-model", qwen.SUMMARY))
     add_perf_commands(sub)
     parser.description = _overview(sub.choices)
     return parser

@@ -96,8 +96,8 @@ def _tiny_model(path: Path) -> Path:
     ("onnx", "onnx", ["ort-rewrite", str(EXAMPLE), "{model}", "-o", "{out}"]),
     ("onnx", "onnx", ["ort-model-check", str(EXAMPLE), "{model}"]),
     ("onnx", "onnx", ["qwen-model", "{out}", "--layers", "1", "--vocab", "64"]),
-    ("onnxruntime", "onnxruntime", ["qwen-model", "{out}", "--layers", "1", "--vocab", "64"]),
-    ("onnx_ir", "onnx-ir", ["qwen-model", "{out}", "--layers", "1", "--vocab", "64"]),
+    ("onnxruntime", "onnxruntime", ["qwen-model", "{out}", "--form", "plain", "--layers", "1", "--vocab", "64"]),
+    ("onnx_ir", "onnx-ir", ["qwen-model", "{out}", "--form", "plain", "--layers", "1", "--vocab", "64"]),
 ])
 def test_missing_optional_package_is_one_line(tmp_path, module, pip, command):
     model = _tiny_model(tmp_path / "in.onnx")

@@ -200,8 +200,8 @@ def test_greedy_decode_is_not_degenerate(model):
 
 def test_cli_writes_model_and_refuses_bad_block(tmp_path):
     out = tmp_path / "m.onnx"
-    r = subprocess.run([sys.executable, "-m", "imegen", "qwen-model", str(out), "--layers", "1", "--vocab", "64",
-                        "--bits", "8"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "imegen", "qwen-model", str(out), "--form", "plain", "--layers", "1",
+                        "--vocab", "64", "--bits", "8"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "1 layers, vocab 64, 8-bit block 32" in r.stdout and "layer 1/1" in r.stderr
     assert qwen.QwenConfig.from_model(out).layers == 1

@@ -20,8 +20,8 @@ tests/data/genai/ (op types, domains, attributes, names, inputs and outputs in o
            MatMulNBits, gate/up MatMulNBits, SiLU as Sigmoid * Mul, down MatMulNBits; the final
            SkipSimplifiedLayerNormalization and the lm_head MatMulNBits writing `logits`.
 
-GroupQueryAttention with 12 inputs needs onnxruntime 1.22 or later (Debian's riscv64 1.21 refuses it; 1.23
-runs it). Weights are quantized by imegen.reference.quantize_weights, a bit-exact port of the blockwise
+Debian's riscv64 onnxruntime 1.23 and the x86 wheel (1.32) run it; 1.21 does not (its GroupQueryAttention
+takes at most 9 inputs, its GatherBlockQuantized has no `bits`). Weights are quantized by imegen.reference.quantize_weights, a bit-exact port of the blockwise
 quantizer onnxruntime's MatMulNBitsQuantizer calls (which genai's builder uses), so B, scales and zero
 points are what genai would write for the same float weights.
 
@@ -182,7 +182,7 @@ class _Graph:
     def quantized(self, c: GenaiConfig, W: np.ndarray, weight_name: str) -> list[str]:
         """W [K, N] quantized as onnxruntime's quantizer stores it: initializers `weight_name`_Q{bits},
         _scales[, _zero_points]; returns their names."""
-        qw = ref.quantize_weights(W, c.bits, c.block, c.symmetric)
+        qw = _quantize(W, c.bits, c.block, c.symmetric)
         names = [self.init(f"{weight_name}_Q{c.bits}", qw.data), self.init(f"{weight_name}_scales", qw.scales)]
         if qw.zero_points is not None:
             names.append(self.init(f"{weight_name}_zero_points", qw.zero_points))
@@ -199,6 +199,22 @@ class _Graph:
 
     def projection(self, c: GenaiConfig, x: str, W: np.ndarray, prefix: str, weight_name: str) -> str:
         return self.matmul_nbits(c, x, self.quantized(c, W, weight_name), *W.shape, prefix)
+
+
+QUANTIZE_CHUNK = 2**22  # weights quantized at a time: the full lm_head's temporaries would take GBs
+
+
+def _quantize(W: np.ndarray, bits: int, block: int, symmetric: bool) -> ref.QuantizedWeights:
+    """reference.quantize_weights of W [K, N], a slice of columns at a time (each column is quantized on its
+    own, so the result is the same)."""
+    K, N = W.shape
+    step = max(1, QUANTIZE_CHUNK // K)
+    if N <= step:
+        return ref.quantize_weights(W, bits, block, symmetric)
+    parts = [ref.quantize_weights(W[:, j:j + step], bits, block, symmetric) for j in range(0, N, step)]
+    zero_points = None if symmetric else np.concatenate([p.zero_points for p in parts])
+    return ref.QuantizedWeights(np.concatenate([p.data for p in parts]), np.concatenate([p.scales for p in parts]),
+                                zero_points, K, N, bits, block)
 
 
 def _attention_mask_subgraph(g: _Graph) -> tuple[str, str]:
@@ -350,6 +366,7 @@ def save(model: onnx.ModelProto, path: str | Path, external: bool | None = None)
     data.unlink(missing_ok=True)  # onnx appends to an existing data file: the old weights would stay in it
     onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name,
               size_threshold=0)
+    data.chmod(path.stat().st_mode & 0o777)  # onnx creates it owner-only; readable like the model
     return [path, data]
 
 

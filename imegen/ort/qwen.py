@@ -324,7 +324,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--form", choices=FORMS, default="genai", help=(
         "genai (default): the graph onnxruntime-genai's model builder exports (GroupQueryAttention with "
         "rotary, SimplifiedLayerNormalization, fused q/k/v MatMulNBits, the int4 embedding shared with the "
-        "lm_head; onnxruntime 1.22 or later runs it), weights in OUTPUT.data beside it when over 64 MiB, and "
+        "lm_head; onnxruntime 1.23 runs it, 1.21 does not), weights in OUTPUT.data beside it when over 64 MiB, and "
         "genai_config.json beside it; plain: opset-17 ops and MatMulNBits from onnxruntime's quantizer, "
         "inputs input_ids and position_ids, one file (any onnxruntime runs it, 1.21 too)"))
     ap.add_argument("--layers", type=cli_types.at_least(1), default=24, help="decoder layers (default 24, as Qwen2.5-0.5B)")
@@ -354,7 +354,8 @@ def run_command(args) -> int:
     if args.form == "plain":
         given = [opt for opt, value in (("--untied", args.untied), ("--context", args.context)) if value]
         if given:
-            print(f"error: {' and '.join(given)} apply to --form genai only", file=sys.stderr)
+            print(f"error: {' and '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to --form genai only",
+                  file=sys.stderr)
             return 2
         return _write_plain(args, log)
     return _write_genai(args, log)
