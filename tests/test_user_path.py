@@ -34,7 +34,7 @@ def kernels_named(lines: list[str]) -> set[str]:
     """The kernels the report says the served nodes run (M=1 and M>1, not the fallback)."""
     names = set()
     for line in lines:
-        if line.startswith("served "):
+        if line.startswith("served ") and "(N=" in line:  # a MatMulNBits node's line (not a decoder node's)
             route = line.split("): ", 1)[1].split(", no IME hart: ")[0]
             names |= {part.split(" ")[1] for part in route.split(", ")}
     return names
@@ -59,6 +59,9 @@ def test_a_decoder_export_is_served_whole_and_checks_out(tmp_path, capsys, make,
     ran = {k for k, v in check.stats.items() if k in check.kernels and v}
     assert ran == kernels_named(lines), (ran, check.report())  # prefill on the gemm kernels, decode on the gemv
     assert check.stats["vmadots"] > 0
+    # the decoder's other nodes too: 1 + 2 x layers norms, a SiLU gate and an attention per layer
+    assert "9 of 9 other decoder nodes on imegen's RVV operators" in lines[-1]
+    assert all(calls for _, calls in check.decoder_calls.values()) and len(check.decoder_calls) == 4
 
 
 def test_ort_quantizer_defaults_run_on_rvv_fp32(tmp_path, capsys):
@@ -126,4 +129,4 @@ def test_ort_rewrite_keeps_external_weights_in_their_files(tmp_path, capsys):
     assert "11 of 11 MatMulNBits nodes moved" in capsys.readouterr().out
     assert (out.parent / "model.onnx.data").read_bytes() == (REAL_B32.parent / "model.onnx.data").read_bytes()
     loaded = onnx.load(str(out))  # with its external data, from the new folder
-    assert sum(n.domain == "ai.imegen" for n in loaded.graph.node) == 11
+    assert sum(n.domain == "ai.imegen" and n.op_type == "MatMulNBits" for n in loaded.graph.node) == 11

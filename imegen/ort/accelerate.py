@@ -675,9 +675,7 @@ def accelerate(opts: Options) -> Outcome:
     lines = [node_line(n, d, *_levels(n, d, i in lowered)) for i, (n, d) in enumerate(zip(nodes, decisions))]
     lines += [decoder_line(d) for d in decoder]
     lines += notes(decisions, lowered, opts)
-    lines.append(summary_line(nodes, decisions, len(used), opts))
-    if decoder:
-        lines.append(decoder_summary(decoder))
+    lines.append(summary_line(nodes, decisions, len(used), opts) + (f"; {decoder_summary(decoder)}" if decoder else ""))
     report = "\n".join(lines) + "\n"
     write_if_changed(out / "report.txt", report.encode())
     all_served = nodes and len(served) == len(nodes) and all(d.moved for d in decoder)
@@ -693,7 +691,7 @@ def decoder_summary(decoder: list[DecoderDecision]) -> str:
     kept = Counter(d.op for d in decoder if not d.moved)
     words = ", ".join(f"{op} {n}" for op, n in served.items()) or "none"
     tail = f"; kept: {', '.join(f'{op} {n}' for op, n in kept.items())}" if kept else ""
-    return f"{sum(served.values())} of {len(decoder)} other decoder nodes served by imegen's RVV operators ({words}){tail}"
+    return f"{sum(served.values())} of {len(decoder)} other decoder nodes on imegen's RVV operators ({words}){tail}"
 
 
 def _levels(node: InspectedNode, decision, lowered: bool) -> tuple[int, int]:

@@ -115,8 +115,8 @@ def run_command(args) -> int:
             _save_rewritten(model, Path(args.model), Path(args.output))
             for d in [*decisions, *decoder]:
                 print(d)
-            more = f", {sum(d.moved for d in decoder)} of {len(decoder)} decoder nodes" if decoder else ""
-            print(f"{moved} of {len(decisions)} MatMulNBits nodes{more} moved; wrote {args.output}")
+            more = f", {sum(d.moved for d in decoder)} of {len(decoder)} other decoder nodes" if decoder else ""
+            print(f"{moved} of {len(decisions)} MatMulNBits nodes moved{more}; wrote {args.output}")
             return 0
         from .model_check import ModelCheckError, model_check
 
