@@ -21,16 +21,17 @@ tests/data/genai/ (op types, domains, attributes, names, inputs and outputs in o
            SkipSimplifiedLayerNormalization and the lm_head MatMulNBits writing `logits`.
 
 Debian's riscv64 onnxruntime 1.23 and the x86 wheel (1.32) run it; 1.21 does not (its GroupQueryAttention
-takes at most 9 inputs, its GatherBlockQuantized has no `bits`). Weights are quantized by imegen.reference.quantize_weights, a bit-exact port of the blockwise
-quantizer onnxruntime's MatMulNBitsQuantizer calls (which genai's builder uses), so B, scales and zero
-points are what genai would write for the same float weights.
+takes at most 9 inputs, its GatherBlockQuantized has no `bits`). Weights are quantized by
+imegen.reference.quantize_weights, a bit-exact port of the blockwise quantizer onnxruntime's
+MatMulNBitsQuantizer calls (which genai's builder uses), so B, scales and zero points are what genai would
+write for the same float weights.
 
-Weight scales: the embedding rows are N(0, EMBED_STD^2) and each projection N(0, PROJ_GAIN^2 / K), which
-keeps every projection's output below the residual stream the embedding rows dominate, so the final hidden
-state points at the current token's row and the logits have one clear winner at every step (a top-2 gap far
-above the int8-vs-fp32 compute difference), of moderate size (std ~2). Greedy decoding is so never decided
-by rounding: a shared-embedding (tied) model repeats its last token; an untied one, whose lm_head is the
-embedding shifted by one row, counts up.
+Weight scales: the embedding rows are N(0, embed_std^2) and each projection N(0, proj_gain^2 / K) (defaults
+EMBED_STD and PROJ_GAIN), which keeps every projection's output below the residual stream the embedding rows
+dominate, so the final hidden state points at the current token's row and the logits have one clear winner
+at every step (a top-2 gap far above the int8-vs-fp32 compute difference; at full size about 20, logits' std
+about 4.5). Greedy decoding is so never decided by rounding: a shared-embedding (tied) model repeats its last
+token; an untied one, whose lm_head is the embedding shifted by one row, counts up.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ class GenaiConfig:
     rms_eps: float = 1e-6
     rope_theta: float = 1e6
     seed: int = 0
+    embed_std: float = EMBED_STD  # the random weights' scales (see the module's docstring)
+    proj_gain: float = PROJ_GAIN
 
     @property
     def head_size(self) -> int:
@@ -113,12 +116,12 @@ def random_weights(c: GenaiConfig) -> Iterator[tuple[str, np.ndarray]]:
     hd, kv = c.head_size, c.kv_heads * c.head_size
 
     def proj(k, n):
-        return rng.normal(0, PROJ_GAIN / np.sqrt(k), (k, n)).astype(np.float32)
+        return rng.normal(0, c.proj_gain / np.sqrt(k), (k, n)).astype(np.float32)
 
     def norm():
         return (1 + 0.1 * rng.standard_normal(c.hidden)).astype(np.float32)
 
-    yield "embed", rng.normal(0, EMBED_STD, (c.vocab, c.hidden)).astype(np.float32)
+    yield "embed", rng.normal(0, c.embed_std, (c.vocab, c.hidden)).astype(np.float32)
     for i in range(c.layers):
         p = f"layers.{i}"
         yield f"{p}.input_norm", norm()
@@ -426,8 +429,8 @@ def write_genai_model(path: str | Path, config: GenaiConfig | None = None, *, ex
 # ------------------------------------------------------------------------------------------ reading one
 def config_of(model: onnx.ModelProto) -> GenaiConfig:
     """The GenaiConfig of a model in genai's export form, read from its graph (so it also reads a real
-    export: layers, sizes, quantization, tying, bias, rotary context); rms_eps, rope_theta and seed are
-    left at their defaults."""
+    export: layers, sizes, quantization, tying, bias, rotary context); rms_eps, rope_theta, the seed and the
+    weight scales are left at their defaults."""
     nodes = list(model.graph.node)
     inits = {t.name: t for t in model.graph.initializer}
     gqa = [n for n in nodes if n.op_type == "GroupQueryAttention"]
