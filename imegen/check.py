@@ -271,3 +271,40 @@ def format_table(rows: list[Row]) -> str:
 def stderr_log(msg: str) -> None:
     interrupt.check()  # a Ctrl-C a finalizer swallowed stops the run at its next progress line
     print(msg, file=sys.stderr, flush=True)
+
+
+ATTENTION_VLENS = (128, 256, 512, 1024)
+
+
+def check_attention(spec, spec_file: str, *, seed: int = 0, log=None) -> list[Row]:
+    """An attention kernel at every VLEN of ATTENTION_VLENS: where it accepts the VLEN, every case against the
+    float64 NumPy attention (verify_attention.reference); below, every call must return IMEGEN_ERR_VLEN."""
+    from . import verify_attention as va
+
+    plan = va.plan_for(spec)
+    cases = va.make_cases(np.random.default_rng(seed), spec.q_rows, spec.kv_block)
+    exe = va.build(plan, spec_file)
+    rows = []
+    for vlen in ATTENTION_VLENS:
+        accepts = vlen >= spec.vlen
+        if log:
+            log(f"  {spec.name}: clang, vlen {vlen}: {len(cases)} cases" + ("" if accepts else ", must refuse"))
+        try:
+            results = va.run_cases(exe, cases, vlen)
+        except ToolchainError as e:
+            rows.append(died_row(spec.name, spec.target, "clang", str(vlen), len(cases), e))
+            continue
+        if not accepts:
+            bad = sum(r.status != IMEGEN_ERR_VLEN for r in results)
+            rows.append(Row(spec.name, spec.target, "clang", f"{vlen}{REFUSES}", len(cases), NAN, NAN, 0, not bad,
+                            "ok" if not bad else f"{bad} calls not refused"))
+            continue
+        errors = [va.error(c, r) for c, r in zip(cases, results)]
+        failed = [(c, r, e) for c, r, e in zip(cases, results, errors) if r.status != 0 or e[1] > va.TOLERANCE]
+        message = "ok" if not failed else (f"{len(failed)} cases off; first rows,head_dim,keys={failed[0][0].shape}: "
+                                          f"status {failed[0][1].status}, error {failed[0][2][1]:.2e} of (1 + max|O|)")
+        rows.append(Row(spec.name, spec.target, "clang", str(vlen), len(cases), max(e[0] for e in errors),
+                        max(e[1] for e in errors), 0, not failed, message))
+    if not checked_cases(rows):
+        rows.append(nothing_checked_row(spec.name, spec.target, "no build ran at a VLEN the kernel accepts"))
+    return rows

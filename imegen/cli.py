@@ -14,10 +14,10 @@ from collections import Counter
 from pathlib import Path
 
 from . import __version__, cli_types, interrupt
-from .check import check_dispatch, check_kernel, checked_cases, format_table, stderr_log
+from .check import check_attention, check_dispatch, check_kernel, checked_cases, format_table, stderr_log
 from .errors import SpecError
 from .cli_types import add_command
-from .ir import load_specs
+from .ir import load_attention_specs, load_specs
 from .abi.mlas import DEFAULT_PIN, PINS, plan_dispatch
 from .plan import KernelPlan, plan_kernel
 from .ort.ort_tree import OrtTreeError
@@ -53,12 +53,17 @@ def missing_module(command: str, e: ModuleNotFoundError) -> str:
 
 def _plans(spec: str, only: list[str] | None = None) -> list[KernelPlan]:
     plans = [plan_kernel(s) for s in load_specs(spec)]
-    return _only(plans, spec, only)
+    return _only(plans, spec, only, _attention(spec))
 
 
-def _only(plans: list[KernelPlan], spec: str, only: list[str] | None) -> list[KernelPlan]:
+def _attention(spec: str, only: list[str] | None = None):
+    """The spec's attention kernels (AttentionSpec), those named by -k when it is given."""
+    return [a for a in load_attention_specs(spec) if not only or a.name in only]
+
+
+def _only(plans: list[KernelPlan], spec: str, only: list[str] | None, others=()) -> list[KernelPlan]:
     if only:
-        unknown = sorted(set(only) - {p.name for p in plans})
+        unknown = sorted(set(only) - {p.name for p in plans} - {a.name for a in others})
         if unknown:
             raise SpecError(None, f"{spec} defines no kernel named {', '.join(unknown)}; it has {', '.join(p.name for p in plans)}")
         plans = [p for p in plans if p.name in only]
@@ -141,10 +146,14 @@ def cmd_check(args) -> int:
         return 2
     plans = _plans(args.spec, args.kernel)
     own = [p for p in plans if p.spec.abi == "imegen"]
+    attention = _attention(args.spec, args.kernel)
     rows = []
     for i, plan in enumerate(own, 1):
-        stderr_log(f"[{i}/{len(own)}] {plan.name}: {plan.spec.describe()}")
+        stderr_log(f"[{i}/{len(own) + len(attention)}] {plan.name}: {plan.spec.describe()}")
         rows += check_kernel(plan, args.spec, seed=args.seed, log=stderr_log)
+    for i, spec in enumerate(attention, len(own) + 1):
+        stderr_log(f"[{i}/{len(own) + len(attention)}] {spec.name}: {spec.describe()}")
+        rows += check_attention(spec, args.spec, seed=args.seed, log=stderr_log)
     dispatch = plan_dispatch(plans, args.spec)
     if dispatch:  # abi=mlas kernels run through their dispatch, as ORT's MLAS would call them
         stderr_log(f"[MLAS dispatch] {', '.join(p.name for p in dispatch.kernels)}")
@@ -162,6 +171,8 @@ def cmd_check(args) -> int:
 def cmd_list(args) -> int:
     for plan in _plans(args.spec):
         print(f"{plan.name}: {plan.spec.describe()}")
+    for spec in _attention(args.spec):
+        print(f"{spec.name}: {spec.describe()}")
     return 0
 
 
@@ -215,8 +226,27 @@ def explain(plan: KernelPlan) -> str:
 
 
 def cmd_explain(args) -> int:
-    print("\n\n".join(explain(p) for p in _plans(args.spec, args.kernel)))
+    texts = [explain(p) for p in _plans(args.spec, args.kernel)]
+    texts += [explain_attention(a) for a in _attention(args.spec, args.kernel)]
+    print("\n\n".join(texts))
     return 0
+
+
+def explain_attention(spec) -> str:
+    from .targets.rvv.attention import budget
+    from .verify_attention import plan_for
+
+    plan = plan_for(spec)
+    regs = budget(spec)
+    return "\n".join([
+        f"attention {spec.name}", f"  config      {spec.describe()}",
+        f"  tile        {spec.q_rows} query rows (sharing one KV head) x {spec.kv_block} keys per block; loops: row tiles "
+        f"outer, key blocks, then the head dimension",
+        f"  scores      one {plan.f32} group per row (LMUL {plan.s_lmul}); per head-dimension step one strided load of "
+        f"a K column, {spec.q_rows} vfmacc.vf",
+        "  softmax     online (running max and sum per row; earlier output rescaled by e^(old max - new max))",
+        f"  P V         per row, over the head dimension in {plan.o_f32} groups: one vle + vfmacc.vf per visible key",
+        f"  registers   {sum(regs.values())} of 32 ({', '.join(f'{k} {v}' for k, v in regs.items())})"])
 
 
 def cmd_ort_check(args) -> int:

@@ -15,7 +15,7 @@ from . import targets
 from .errors import Span, SpecError
 from .names import dispatch_files, dispatch_prefix, reserved_names
 from .parse import Block, Setting, ValueList, parse_file, parse_text
-from .spec import KernelSpec
+from .spec import AttentionSpec, KernelSpec
 from .targets.base import VECTOR_REGISTERS
 
 # key -> (field name, allowed values or a type). Order is the order shown in error messages.
@@ -221,6 +221,9 @@ def specs_from_blocks(blocks: list[Block], filename: str | None = None) -> list[
         if block.kind == "defaults":
             _collect(block.settings, defaults)
             continue
+        if block.kind == "attention":  # attention_specs_from_blocks builds these
+            names[block.name] = block.span
+            continue
         if block.name in names:
             raise SpecError(block.span, f"kernel '{block.name}' is already defined at {names[block.name]}")
         if len(block.name) > MAX_NAME:
@@ -237,7 +240,7 @@ def specs_from_blocks(blocks: list[Block], filename: str | None = None) -> list[
         own: dict[str, Setting] = {}
         _collect(block.settings, own)
         specs.append(build_spec(block.name, {**defaults, **own}, block.span))
-    if not specs:
+    if not specs and not any(b.kind == "attention" for b in blocks):
         where = blocks[0].span if blocks else (Span(filename, 1, 1) if filename else None)
         raise SpecError(where, "the spec defines no kernel")
     if filename is not None and any(s.abi == "mlas" for s in specs):
@@ -281,6 +284,65 @@ def _check_dispatch_vlens(specs: list[KernelSpec]) -> None:
                             f"'{pinned.name}', which runs only at VLEN = {vlen}: the dispatch's supported() would be false "
                             f"on every hart; use vlen <= {vlen}, or abi = imegen")
 
+
+
+# attention blocks: key -> allowed values (their own keys; `defaults` blocks hold MatMulNBits settings and do
+# not apply to them)
+_ATTENTION_CHOICES: dict[str, tuple] = {"target": ("rvv",), "vlen": (128, 256, 512, 1024), "tile": ()}
+
+
+def _attention_setting(name: str, s: Setting):
+    if s.key not in _ATTENTION_CHOICES:
+        raise SpecError(s.span, f"attention '{name}': unknown setting '{s.key}'; an attention kernel takes: "
+                        f"{_fmt(_ATTENTION_CHOICES)} (tile = query rows x keys per block)")
+    if s.key == "tile":
+        if not isinstance(s.value, tuple):
+            raise SpecError(s.value_span, f"attention '{name}': 'tile' expects query rows x keys per block such as "
+                            f"4x16, got {_shown(s.value)}")
+        return s.value
+    if s.value not in _ATTENTION_CHOICES[s.key]:
+        extra = " (attention kernels exist for target rvv)" if s.key == "target" else ""
+        raise SpecError(s.value_span, f"attention '{name}': '{s.key}' must be one of: "
+                        f"{_fmt(_ATTENTION_CHOICES[s.key])}; got {_shown(s.value)}{extra}")
+    return s.value
+
+
+def build_attention(block: Block) -> AttentionSpec:
+    """One attention block -> a validated AttentionSpec, or a SpecError at the offending setting."""
+    own: dict[str, Setting] = {}
+    kw: dict[str, object] = {}
+    for s in block.settings:
+        value = _attention_setting(block.name, s)
+        if s.key in own:
+            raise SpecError(s.span, f"'{s.key}' is set twice in this block")
+        own[s.key] = s
+        if s.key == "tile":
+            kw["q_rows"], kw["kv_block"] = value
+        else:
+            kw[s.key] = value
+    spec = AttentionSpec(name=block.name, source=block.span, **kw)
+
+    def refuse(key: str, message: str):
+        _refuse(own, key, block.span, f"attention '{block.name}': {message}")
+
+    return targets.get(spec.target).validate_attention(spec, refuse)
+
+
+def attention_specs_from_blocks(blocks: list[Block]) -> list[AttentionSpec]:
+    """The spec's attention kernels, validated (names are checked with the kernels' by specs_from_blocks)."""
+    return [build_attention(b) for b in blocks if b.kind == "attention"]
+
+
+def load_attention_specs(path: str | Path) -> list[AttentionSpec]:
+    blocks = parse_file(path)
+    specs_from_blocks(blocks, str(path))  # the whole file must be a valid spec
+    return attention_specs_from_blocks(blocks)
+
+
+def attention_specs_from_text(text: str, filename: str = "<spec>") -> list[AttentionSpec]:
+    blocks = parse_text(text, filename)
+    specs_from_blocks(blocks, filename)
+    return attention_specs_from_blocks(blocks)
 
 
 def load_specs(path: str | Path) -> list[KernelSpec]:

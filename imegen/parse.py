@@ -32,6 +32,7 @@ _TERMINAL_NAMES = {
     "SEMICOLON": "';'",
     "COMMA": "',' (another value)",
     "KERNEL": "'kernel'",
+    "ATTENTION": "'attention'",
     "DEFAULTS": "'defaults'",
     "$END": "end of file",
 }
@@ -51,7 +52,7 @@ class Setting:
 
 @dataclass(frozen=True)
 class Block:
-    kind: str  # "defaults" | "kernel"
+    kind: str  # "defaults" | "kernel" | "attention"
     name: str | None
     settings: tuple[Setting, ...]
     span: Span
@@ -117,7 +118,7 @@ def _span(filename: str, tok) -> Span:
 
 def _block(node: lark.Tree, filename: str) -> Block:
     children = list(node.children)
-    name = str(children.pop(0)) if node.data == "kernel" else None
+    name = str(children.pop(0)) if node.data in ("kernel", "attention") else None
     settings = tuple(_setting(s, filename) for s in children)
     return Block(str(node.data), name, settings, Span(filename, node.meta.line, node.meta.column))
 

@@ -57,6 +57,17 @@ def render_kernel(plan: KernelPlan, spec_file: str) -> dict[str, str]:
     return {header: _render("kernel.h.j2", plan, spec_file), source: _render("kernel.c.j2", plan, spec_file)}
 
 
+def render_attention(plan, spec_file: str) -> dict[str, str]:
+    """File name -> contents for one attention kernel (an AttentionPlan): its .h and .c."""
+    kw = dict(plan=plan, spec_file=_shown_name(spec_file))
+    return {f"{plan.name}.h": env().get_template("attention.h.j2").render(**kw),
+            f"{plan.name}.c": env().get_template(f"attention_{plan.spec.target}.c.j2").render(**kw)}
+
+
+def render_attention_driver(plan, spec_file: str) -> str:
+    return env().get_template("attention_driver.c.j2").render(plan=plan, spec_file=_shown_name(spec_file))
+
+
 def render_driver(plan: KernelPlan, spec_file: str) -> str:
     """A test driver: reads cases from a file, runs pack + matmul, writes C (see verify.py)."""
     return _render("driver.c.j2", plan, spec_file)

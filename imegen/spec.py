@@ -57,3 +57,20 @@ class KernelSpec:
         return ((f" shapes={','.join(f'{n}x{k}' for n, k in self.shapes)}" if self.shapes else "")
                 + (f" min_rows={self.min_rows}" if self.min_rows != 2 else "")
                 + (" fallback=yes" if self.fallback else ""))
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """An attention kernel: O = softmax(scale Q K^T, causal per row) V for a tile of query rows sharing one KV
+    head, streamed over the keys in blocks with an online softmax (flash attention). fp32."""
+
+    name: str
+    target: str = "rvv"
+    vlen: int | None = None  # the smallest VLEN the kernel accepts
+    q_rows: int = 4  # query rows computed together (each key block is loaded once for all of them)
+    kv_block: int = 16  # keys per block: one score vector per query row
+    source: Span | None = field(default=None, compare=False)
+
+    def describe(self) -> str:
+        vlen = f" vlen={self.vlen}" if self.vlen else ""
+        return f"attention target={self.target}{vlen} tile={self.q_rows}x{self.kv_block}"

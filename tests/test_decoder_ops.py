@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 import imegen
 from imegen import toolchain
 from imegen.ort import ort_check as oc
+from imegen.ir import attention_specs_from_text
 from imegen.ort.customop import build_library, parse_decoder_stats
 from imegen.ort.decoder_ops import rewrite_decoder_ops
 from imegen.ort.riscv import RiscvSession
@@ -25,16 +26,19 @@ from imegen.ort.riscv import RiscvSession
 ROOT = Path(__file__).resolve().parents[1]
 REAL_B32 = ROOT / "tests" / "data" / "genai" / "qwen2_tiny_int4_b32" / "model.onnx"
 needs_qemu = pytest.mark.skipif(bool(toolchain.missing_tools()), reason="needs the cross toolchains and qemu-riscv64")
-# A library needs one MatMulNBits kernel; the decoder operators come with every library.
+# A library needs one MatMulNBits kernel; the decoder operators come with every library, GroupQueryAttention's
+# attention from the spec's attention kernels: the first one the hart supports (VLEN 256 and up, else 128).
 SPEC = ("kernel rvv_gemv { op = gemv tile = 1x16 target = rvv vlen = 128 bits = 4 block = 32 "
-        "zero_point = symmetric compute = fp32 }")
+        "zero_point = symmetric compute = fp32 }\n"
+        "attention attn256 { target = rvv vlen = 256 tile = 4x16 }\n"
+        "attention attn128 { target = rvv vlen = 128 tile = 3x8 }\n")
 RTOL = 2e-5  # |got - want| <= RTOL * (1 + max |want|): fp32 rounding of sums over a few thousand terms
 VLENS = (128, 256, 1024)
 
 
 @pytest.fixture(scope="module")
 def library():
-    return build_library(imegen.load_spec(SPEC), "decoder.imegen")
+    return build_library(imegen.load_spec(SPEC), "decoder.imegen", attention=attention_specs_from_text(SPEC))
 
 
 def model_of(nodes, inputs, outputs, inits=(), opset=21):
@@ -296,6 +300,12 @@ def test_attention_inputs_not_served_stay(slot, reason):
     assert not d.moved and reason in d.detail
 
 
+def test_attention_needs_an_attention_kernel_in_the_spec():
+    model, _ = gqa_model(heads=4, kv_heads=2, genai_form=True)
+    d = {x.op: x for x in rewrite_decoder_ops(model, attention=False, apply=False)}["GroupQueryAttention"]
+    assert not d.moved and "no attention kernel" in d.detail
+
+
 def test_float16_and_used_statistics_stay():
     gamma16 = numpy_helper.from_array(np.ones(8, np.float16), "gamma")
     norm = helper.make_node("SimplifiedLayerNormalization", ["X", "gamma"], ["Y"], name="n16")
@@ -337,14 +347,15 @@ def test_greedy_tokens_identical_with_every_node_moved(tmp_path, capsys):
     """The 2-layer real genai export, every MatMulNBits (fp32 compute) and every decoder node on imegen: 8
     greedy tokens identical to stock ORT 1.23's, outputs within ORT's tolerance at every step."""
     from imegen.cli import main
-    from imegen.ir import load_specs
+    from imegen.ir import load_attention_specs, load_specs
     from imegen.ort.model_check import model_check
 
     out = tmp_path / "out"
     assert main(["ort-accelerate", str(REAL_B32), "-o", str(out), "--flavour", "qemu", "--compute", "fp32"]) == 0
     capsys.readouterr()
-    check = model_check(load_specs(out / "model.imegen"), REAL_B32, spec_file=str(out / "model.imegen"),
-                        generate=8, compute="fp32")
+    spec = out / "model.imegen"
+    check = model_check(load_specs(spec), REAL_B32, spec_file=str(spec), generate=8, compute="fp32",
+                        attention=load_attention_specs(spec))
     assert check.ok, check.report()
     assert check.tokens_agree and len(check.generated[1]) == 8
     assert all(d.moved for d in check.decoder) and len(check.decoder) == 9

@@ -17,7 +17,7 @@ import pytest
 
 import genai_layout as gl
 from imegen.cli import main
-from imegen.ir import load_specs
+from imegen.ir import load_attention_specs, load_specs
 from imegen.ort.customop import parse_stats
 from imegen.ort.model_check import model_check
 
@@ -54,7 +54,8 @@ def test_a_decoder_export_is_served_whole_and_checks_out(tmp_path, capsys, make,
     model = make(tmp_path)
     code, lines = accelerate(capsys, model, tmp_path / "out")
     assert code == 0 and lines[-1].startswith(f"{nodes} of {nodes} MatMulNBits nodes served"), lines[-3:]
-    check = model_check(load_specs(tmp_path / "out" / "model.imegen"), model, seq=5, past=7)
+    spec = tmp_path / "out" / "model.imegen"
+    check = model_check(load_specs(spec), model, seq=5, past=7, attention=load_attention_specs(spec))
     assert check.ok, check.report()
     ran = {k for k, v in check.stats.items() if k in check.kernels and v}
     assert ran == kernels_named(lines), (ran, check.report())  # prefill on the gemm kernels, decode on the gemv

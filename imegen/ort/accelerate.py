@@ -39,7 +39,7 @@ from pathlib import Path
 
 from ..cli_types import add_command
 from ..errors import SpecError
-from ..ir import _CHOICES, DIM_RANGE, KernelSpec, load_specs, specs_from_text
+from ..ir import _CHOICES, DIM_RANGE, KernelSpec, attention_specs_from_text, load_specs, specs_from_text
 from .external_data import ExternalDataError, ModelFileError, checked_location, external_files, load_graph
 from .decoder_ops import DecoderDecision, rewrite_decoder_ops
 from .serving import COMPUTE_FOR_LEVEL, NodeNeeds, Serving, refusal, serve
@@ -613,12 +613,25 @@ def _checked_output(opts: Options) -> Path:
     return out
 
 
-def _kernels(opts: Options, nodes: list[InspectedNode]) -> tuple[list[KernelSpec], str, dict[int, Serving] | None]:
-    """(specs, spec text, the kernels derived per node index or None for a given spec)."""
+# The attention kernel a derived spec holds for GroupQueryAttention nodes: 4 query rows x 16 keys per block at
+# VLEN 256 (every K1 core), so a decode step's 7 query heads per KV head make two tiles, and 4 threads have work.
+ATTENTION_BLOCK = ("# gqa_attention: GroupQueryAttention's softmax(Q K^T) V, RVV fp32 (imegen check runs it against NumPy)\n"
+                   "attention gqa_attention {\n  target       = rvv\n  vlen         = 256\n  tile         = 4x16\n}\n")
+
+
+def has_attention(model) -> bool:
+    return any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
+
+
+def _kernels(opts: Options, nodes: list[InspectedNode], attention: bool = False
+             ) -> tuple[list[KernelSpec], str, dict[int, Serving] | None]:
+    """(specs, spec text, the kernels derived per node index or None for a given spec); `attention`: the derived
+    spec also gets ATTENTION_BLOCK."""
     if opts.spec is not None:
         return load_specs(opts.spec), opts.spec.read_text(), None
     derived = derive(nodes, compute=opts.compute, model_name=opts.model.name)
-    return derived.specs, derived.text, derived.intended
+    text = derived.text + ("\n" + ATTENTION_BLOCK if attention and derived.specs and opts.decoder else "")
+    return derived.specs, text, derived.intended
 
 
 def _write_outputs(opts: Options, model, specs: list[KernelSpec], spec_text: str, externals: list[Path]) -> None:
@@ -629,7 +642,8 @@ def _write_outputs(opts: Options, model, specs: list[KernelSpec], spec_text: str
     log(f"building the library ({sum(s.abi == 'imegen' for s in specs)} kernels, {opts.flavour} flavour)...")
     from .customop import build_library
 
-    lib = build_library(specs, str(spec_out), flavour=opts.flavour, ort_include=opts.ort_include)
+    lib = build_library(specs, str(spec_out), flavour=opts.flavour, ort_include=opts.ort_include,
+                        attention=attention_specs_from_text(spec_text, str(spec_out)))
     write_if_changed(out / "libimegen_ort.so", lib.read_bytes())
     log(f"writing {out / 'model.onnx'}...")
     # The protobuf as loaded, without its external data: it names the same files. (onnx.save would also walk
@@ -658,14 +672,15 @@ def accelerate(opts: Options) -> Outcome:
     out = _checked_output(opts)
     nodes = inspect_model(model)
     externals = [_own_location(loc, opts.model.parent) for loc in external_files(model)]
-    specs, spec_text, intended = _kernels(opts, nodes)
+    specs, spec_text, intended = _kernels(opts, nodes, has_attention(model))
     lowered = lower_to_fp32(model, specs) if opts.compute == "fp32" else set()
     decisions = rewrite(model, specs, int8_compute=opts.compute == "int8")
     if intended is not None:  # the rewrite moved exactly the nodes derived for, onto their kernels
         assert {i for i, d in enumerate(decisions) if d.moved} == set(intended), (decisions, intended)
         assert all(decisions[i].serving == s for i, s in intended.items()), (decisions, intended)
     served = [d for d in decisions if d.moved]
-    decoder = rewrite_decoder_ops(model) if served and opts.decoder else []
+    attention = bool(served) and bool(attention_specs_from_text(spec_text, "model.imegen"))
+    decoder = rewrite_decoder_ops(model, attention=attention) if served and opts.decoder else []
     out.mkdir(parents=True, exist_ok=True)
     if served:
         _write_outputs(opts, model, specs, spec_text, externals)

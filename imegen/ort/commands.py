@@ -91,14 +91,16 @@ def run_command(args) -> int:
         from .accelerate import run_command as run_accelerate
 
         return run_accelerate(args)
-    from ..ir import load_specs
+    from ..ir import load_attention_specs, load_specs
     from .customop import CustomOpError, build_library
     from .riscv import OrtError
 
     try:
         specs = load_specs(args.spec)
+        attention = load_attention_specs(args.spec)
         if args.command == "ort-library":
-            lib = build_library(specs, args.spec, flavour=args.flavour, ort_include=args.ort_include)
+            lib = build_library(specs, args.spec, flavour=args.flavour, ort_include=args.ort_include,
+                                attention=attention)
             if args.output:
                 Path(args.output).write_bytes(lib.read_bytes())
             print(args.output or lib)
@@ -111,7 +113,7 @@ def run_command(args) -> int:
 
             decisions = rewrite(model, specs)
             moved = sum(d.moved for d in decisions)
-            decoder = rewrite_decoder_ops(model) if moved and not args.matmul_only else []
+            decoder = rewrite_decoder_ops(model, attention=bool(attention)) if moved and not args.matmul_only else []
             _save_rewritten(model, Path(args.model), Path(args.output))
             for d in [*decisions, *decoder]:
                 print(d)
@@ -132,7 +134,8 @@ def run_command(args) -> int:
         try:
             check = model_check(specs, args.model, spec_file=args.spec, version=args.ort_version, inputs=inputs,
                                 seed=args.seed, dims=dims, threads=args.threads, seq=args.seq, past=args.past,
-                                generate=args.generate, compute=args.compute, decoder=not args.matmul_only)
+                                generate=args.generate, compute=args.compute, decoder=not args.matmul_only,
+                                attention=attention)
         except ModelCheckError as e:
             raise UsageError(str(e)) from None
         print(check.report())

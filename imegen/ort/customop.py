@@ -15,10 +15,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .. import toolchain
+from .. import targets, toolchain
 from ..ir import KernelSpec
 from ..plan import KernelPlan, plan_kernel
-from ..render import env, march_for, render_kernel
+from ..render import env, march_for, render_attention, render_kernel
 from .. import cache
 from . import sysroot
 from .serving import NodeNeeds, serve, serving_kernels  # noqa: F401 (the library's rule, re-exported)
@@ -55,12 +55,22 @@ def layouts(plans: list[KernelPlan]) -> dict[str, int]:
     return {p.name: ids.setdefault(packing(p), len(ids)) for p in plans}
 
 
-def render_library(plans: list[KernelPlan], spec_file: str) -> dict[str, str]:
+def attention_plans(attention: list | None) -> list:
+    """The AttentionPlans of a library's attention kernels (AttentionSpecs from the spec's attention blocks)."""
+    from .. import targets
+
+    return [targets.get(a.target).plan_attention(a) for a in attention or ()]
+
+
+def render_library(plans: list[KernelPlan], spec_file: str, attention: list | None = None) -> dict[str, str]:
     files: dict[str, str] = {}
     for plan in plans:
         files.update(render_kernel(plan, spec_file))
+    attn = attention_plans(attention)
+    for a in attn:
+        files.update(render_attention(a, spec_file))
     files["customop_kernels.c"] = env().get_template("customop_kernels.c.j2").render(
-        plans=plans, spec_file=spec_file, domain=DOMAIN, layouts=layouts(plans))
+        plans=plans, attention=attn, spec_file=spec_file, domain=DOMAIN, layouts=layouts(plans))
     return files
 
 
@@ -113,14 +123,15 @@ def ort_headers(folder: Path) -> tuple[Path, ...]:
 
 
 def build_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour: str = "qemu",
-                  ort_include: Path | str | None = None) -> Path:
+                  ort_include: Path | str | None = None, attention: list | None = None) -> Path:
     """Build (cached by every input) the custom-op shared library; returns its path. `ort_include`: the folder
     of the ORT onnxruntime_c_api.h to build against (see ort_include_dir); the library then asks ORT for
-    that header's API version, so it loads in that ORT and newer ones."""
+    that header's API version, so it loads in that ORT and newer ones. `attention`: the spec's attention kernels
+    (AttentionSpecs), which GroupQueryAttention nodes run on."""
     if flavour not in FLAVOURS:
         raise CustomOpError(f"unknown library flavour {flavour!r} (expected {' or '.join(FLAVOURS)})")
     plans = library_plans(specs)
-    files = render_library(plans, Path(spec_file).name)
+    files = render_library(plans, Path(spec_file).name, attention)
     include = ort_include_dir(ort_include)
     emulate = flavour == "qemu" and any(p.target.needs_ime for p in plans)
     inputs = cache.Inputs(files=(*LIB_SOURCES, Path(__file__), *ort_headers(include),  # this file: the recipe
@@ -136,6 +147,8 @@ def build_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour
         pic = ["-fPIC"]
         objs = [toolchain.compile_c([d / f"{p.name}.c"], d / f"{p.name}.o", march=march_for(p), extra_flags=pic,
                                     include_dirs=incs) for p in plans]
+        objs += [toolchain.compile_c([d / f"{a.name}.c"], d / f"{a.name}.o", march=targets.get(a.target).march,
+                                     extra_flags=pic, include_dirs=incs) for a in (attention or ())]
         objs.append(toolchain.compile_c([d / "customop_kernels.c"], d / "customop_kernels.o", march="rv64gc",
                                         extra_flags=pic, include_dirs=incs))
         glue = pic + (["-DIMEGEN_IME_EMULATION"] if emulate else []) + [f'-DIMEGEN_DOMAIN="{DOMAIN}"']

@@ -28,7 +28,19 @@ struct imegen_kernel_entry {
                            const void *workspace, void *scratch);
 };
 
+/* An attention kernel (templates/attention.h.j2) for the decoder operators' GroupQueryAttention. */
+struct imegen_attention_entry {
+    const char *name;
+    int q_rows; /* query rows one call computes together */
+    int (*supported)(void);
+    size_t (*scratch_size)(size_t head_dim);
+    int (*run)(size_t rows, size_t head_dim, const float *Q, size_t ldq, const float *K, const float *V, size_t ldkv,
+               const uint32_t *len, float scale, float *O, size_t ldo, void *scratch);
+};
+
 extern const struct imegen_kernel_entry imegen_kernels[];
+extern const struct imegen_attention_entry imegen_attention_kernels[];
+extern const size_t imegen_attention_count;
 extern const size_t imegen_kernel_count;
 extern const char imegen_spec_file[];
 

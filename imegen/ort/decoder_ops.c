@@ -7,12 +7,15 @@
  *   SiluMul (gate, up) -> gate * sigmoid(gate) * up                     genai's Sigmoid, Mul, Mul of the MLP, fused
  *   GroupQueryAttention (packed qkv, past_key, past_value, seqlens_k, total_sequence_length[, cos_cache, sin_cache])
  *       -> (output, present_key, present_value)                         ORT's com.microsoft operator, one batch row
- *                                                                        unpadded per seqlens_k, rotary inside
+ *                                                                        unpadded per seqlens_k, rotary inside; the
+ *                                                                        attention itself on the spec's generated
+ *                                                                        attention kernel (imegen_attention_kernels)
  *
  * Numerics are ORT's fp32 contract (the same formulas in fp32; exp is a degree-7 polynomial after range reduction,
  * within 1e-7 relative of expf), so the operators are checked against ORT's own within its tolerances.
  * The kernels are vector-length agnostic (vsetvl): they run on any RVV 1.0 hart. Work is split on ORT's intra-op
- * pool (KernelContext_ParallelFor): rows for the norms and the MLP, (batch, head, query row) for attention. */
+ * pool (KernelContext_ParallelFor): rows for the norms and the MLP; for attention, (batch row, KV head) to fill the
+ * present cache, then tiles of the query rows sharing a KV head, each one call of the attention kernel. */
 #include <math.h>
 #include <riscv_vector.h>
 #include <stdarg.h>
@@ -22,6 +25,7 @@
 #include <string.h>
 #include <sys/auxv.h>
 
+#include "customop_lib.h"
 #include "decoder_ops.h"
 
 static const OrtApi *ort;
@@ -70,17 +74,6 @@ static float sum_of_squares(const float *x, size_t n) {
         vl = __riscv_vsetvl_e32m8(n - i);
         const vfloat32m8_t v = __riscv_vle32_v_f32m8(x + i, vl);
         acc = __riscv_vfmacc_vv_f32m8_tu(acc, v, v, vl);
-    }
-    const vfloat32m1_t zero = __riscv_vfmv_s_f_f32m1(0.0f, 1);
-    return __riscv_vfmv_f_s_f32m1_f32(__riscv_vfredusum_vs_f32m8_f32m1(acc, zero, vlmax));
-}
-
-static float dot(const float *a, const float *b, size_t n) {
-    const size_t vlmax = __riscv_vsetvlmax_e32m8();
-    vfloat32m8_t acc = __riscv_vfmv_v_f_f32m8(0.0f, vlmax);
-    for (size_t i = 0, vl; i < n; i += vl) {
-        vl = __riscv_vsetvl_e32m8(n - i);
-        acc = __riscv_vfmacc_vv_f32m8_tu(acc, __riscv_vle32_v_f32m8(a + i, vl), __riscv_vle32_v_f32m8(b + i, vl), vl);
     }
     const vfloat32m1_t zero = __riscv_vfmv_s_f_f32m1(0.0f, 1);
     return __riscv_vfmv_f_s_f32m1_f32(__riscv_vfredusum_vs_f32m8_f32m1(acc, zero, vlmax));
@@ -196,6 +189,7 @@ struct node {
     /* attention */
     int heads, kv_heads, rotary, interleaved;
     float scale;
+    const struct imegen_attention_entry *attention; /* the spec's first attention kernel this hart runs */
 };
 
 static OrtStatus *name_node(const OrtKernelInfo *info, struct node *n) {
@@ -227,6 +221,12 @@ static OrtStatus *create_node(enum op_id op, const OrtKernelInfo *info, struct n
                     n->name, n->heads, n->kv_heads);
     if (n->rotary && (!input_wired(info, 5) || !input_wired(info, 6)))
         return fail(ORT_INVALID_GRAPH, "imegen: node '%s': do_rotary = 1 needs cos_cache and sin_cache", n->name);
+    for (size_t i = 0; i < imegen_attention_count && !n->attention; i++)
+        if (imegen_attention_kernels[i].supported()) n->attention = &imegen_attention_kernels[i];
+    if (!n->attention)
+        return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': %s, so nothing runs its attention here; keep the node in "
+                    "com.microsoft", n->name, imegen_attention_count ? "no attention kernel of the spec supports this "
+                    "hart's VLEN" : "the spec has no attention kernel");
     return NULL;
 }
 
@@ -340,7 +340,7 @@ struct gqa_job {
     const int32_t *seqlens;
     float *out, *present_k, *present_v;
     float scale;
-    int status; /* 1: a position beyond the cos/sin caches */
+    int status; /* 2: out of memory, 3: the attention kernel refused */
 };
 
 /* The first position of batch row b's new tokens: its total length (seqlens_k + 1) less the new ones. */
@@ -394,45 +394,37 @@ static void fill_present(void *p, size_t task) {
     memset(pv + end * hd, 0, (j->present_len - end) * row);
 }
 
-/* softmax(scale q K^T) V over keys 0..len-1 for one query row. */
-static void attend_row(void *p, size_t task) {
+/* One tile of a (batch row, KV head)'s query rows, on the spec's attention kernel. Rows are ordered by position,
+ * then by query head within the KV head's group, so a tile's rows mostly share their visible keys. */
+static void attend_tile(void *p, size_t task) {
     struct gqa_job *j = p;
-    const size_t heads = (size_t)j->n->heads, group = heads / (size_t)j->n->kv_heads, hd = j->head;
-    const size_t b = task / (heads * j->seq), h = task / j->seq % heads, s = task % j->seq;
-    const size_t kvh = h / group, pos = past_of(j, b) + s, len = pos + 1;
-    const float *K = j->present_k + (b * (size_t)j->n->kv_heads + kvh) * j->present_len * hd;
-    const float *V = j->present_v + (b * (size_t)j->n->kv_heads + kvh) * j->present_len * hd;
-    float q[MAX_HEAD];
-    if (j->n->rotary) rotate(j, qkv_row(j, b, s, h), q, pos);
-    else memcpy(q, qkv_row(j, b, s, h), hd * sizeof *q);
-    float *score = malloc(len * sizeof *score);
-    if (!score) {
+    const size_t heads = (size_t)j->n->heads, kv_heads = (size_t)j->n->kv_heads, group = heads / kv_heads, hd = j->head;
+    const size_t R = (size_t)j->n->attention->q_rows, rows = group * j->seq, tiles = (rows + R - 1) / R;
+    const size_t b = task / (kv_heads * tiles), kvh = task / tiles % kv_heads, r0 = task % tiles * R;
+    const size_t nr = rows - r0 < R ? rows - r0 : R, past = past_of(j, b);
+    const size_t scratch = j->n->attention->scratch_size(hd);
+    float *q = malloc(2 * R * hd * sizeof(float) + R * sizeof(uint32_t) + scratch);
+    if (!q) {
         __atomic_store_n(&j->status, 2, __ATOMIC_RELAXED);
         return;
     }
-    float top = -INFINITY;
-    for (size_t t = 0; t < len; t++) {
-        score[t] = j->scale * dot(q, K + t * hd, hd);
-        top = score[t] > top ? score[t] : top;
+    float *o = q + R * hd;
+    uint32_t *len = (uint32_t *)(o + R * hd);
+    for (size_t i = 0; i < nr; i++) {
+        const size_t s = (r0 + i) / group, h = kvh * group + (r0 + i) % group;
+        if (j->n->rotary) rotate(j, qkv_row(j, b, s, h), q + i * hd, past + s);
+        else memcpy(q + i * hd, qkv_row(j, b, s, h), hd * sizeof(float));
+        len[i] = (uint32_t)(past + s + 1);
     }
-    const size_t vlmax = __riscv_vsetvlmax_e32m4();
-    vfloat32m4_t acc = __riscv_vfmv_v_f_f32m4(0.0f, vlmax);
-    for (size_t t = 0, vl; t < len; t += vl) {
-        vl = __riscv_vsetvl_e32m4(len - t);
-        const vfloat32m4_t e = vexp(__riscv_vfsub_vf_f32m4(__riscv_vle32_v_f32m4(score + t, vl), top, vl), vl);
-        __riscv_vse32_v_f32m4(score + t, e, vl);
-        acc = __riscv_vfadd_vv_f32m4_tu(acc, acc, e, vl);
+    const float *K = j->present_k + (b * kv_heads + kvh) * j->present_len * hd;
+    const float *V = j->present_v + (b * kv_heads + kvh) * j->present_len * hd;
+    if (j->n->attention->run(nr, hd, q, hd, K, V, hd, len, j->scale, o, hd, len + R))
+        __atomic_store_n(&j->status, 3, __ATOMIC_RELAXED);
+    for (size_t i = 0; i < nr; i++) {
+        const size_t s = (r0 + i) / group, h = kvh * group + (r0 + i) % group;
+        memcpy(j->out + ((b * j->seq + s) * heads + h) * hd, o + i * hd, hd * sizeof(float));
     }
-    const vfloat32m1_t zero = __riscv_vfmv_s_f_f32m1(0.0f, 1);
-    const float inv = 1.0f / __riscv_vfmv_f_s_f32m1_f32(__riscv_vfredusum_vs_f32m4_f32m1(acc, zero, vlmax));
-    float *out = j->out + ((b * j->seq + s) * heads + h) * hd;
-    for (size_t d = 0, vl; d < hd; d += vl) {
-        vl = __riscv_vsetvl_e32m8(hd - d);
-        vfloat32m8_t o = __riscv_vfmv_v_f_f32m8(0.0f, vl);
-        for (size_t t = 0; t < len; t++) o = __riscv_vfmacc_vf_f32m8(o, score[t], __riscv_vle32_v_f32m8(V + t * hd + d, vl), vl);
-        __riscv_vse32_v_f32m8(out + d, __riscv_vfmul_vf_f32m8(o, inv, vl), vl);
-    }
-    free(score);
+    free(q);
 }
 
 static OrtStatus *gqa_shapes(const struct node *n, OrtKernelContext *ctx, struct gqa_job *j) {
@@ -494,11 +486,16 @@ static OrtStatus *compute_gqa(const struct node *n, OrtKernelContext *ctx) {
     TRY(output(ctx, 0, out_dims, 3, &j.out));
     TRY(output(ctx, 1, kv_dims, 4, &j.present_k));
     TRY(output(ctx, 2, kv_dims, 4, &j.present_v));
-    const size_t kv_tasks = j.batch * (size_t)n->kv_heads, q_tasks = j.batch * (size_t)n->heads * j.seq;
-    if (!q_tasks) return NULL;
-    TRY(ort->KernelContext_ParallelFor(ctx, fill_present, kv_tasks, 0, &j)); /* every row below reads it all */
-    TRY(ort->KernelContext_ParallelFor(ctx, attend_row, q_tasks, 0, &j));
-    if (j.status) return fail(ORT_FAIL, "imegen: node '%s': out of memory for attention scores", n->name);
+    const size_t kv_tasks = j.batch * (size_t)n->kv_heads, rows = (size_t)(n->heads / n->kv_heads) * j.seq;
+    const size_t R = (size_t)n->attention->q_rows, tiles = kv_tasks * ((rows + R - 1) / R);
+    if (!j.seq || !j.batch) return NULL;
+    if (!n->attention->scratch_size(j.head))
+        return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': head size %zu is beyond attention kernel %s", n->name,
+                    j.head, n->attention->name);
+    TRY(ort->KernelContext_ParallelFor(ctx, fill_present, kv_tasks, 0, &j)); /* every tile below reads it all */
+    TRY(ort->KernelContext_ParallelFor(ctx, attend_tile, tiles, 0, &j));
+    if (j.status == 2) return fail(ORT_FAIL, "imegen: node '%s': out of memory for attention", n->name);
+    if (j.status) return fail(ORT_FAIL, "imegen: node '%s': attention kernel %s failed", n->name, n->attention->name);
     return NULL;
 }
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from .customop import DOMAIN
 
 MS_DOMAIN = "com.microsoft"
+SERVED = {"GroupQueryAttention": "imegen rvv fp32 (rotary and KV cache here, attention on the spec's attention kernel)"}
 FLOAT = 1  # onnx.TensorProto.FLOAT
 OPS = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "SiluMul", "GroupQueryAttention")
 # GroupQueryAttention's inputs by name (ORT 1.23's 12-input form; 1.21 stops after sin_cache)
@@ -194,9 +195,10 @@ def _fuse_silu(graph, p: _SiluMul) -> None:
         graph.node.remove(old)
 
 
-def rewrite_decoder_ops(model, *, apply: bool = True) -> list[DecoderDecision]:
+def rewrite_decoder_ops(model, *, attention: bool = True, apply: bool = True) -> list[DecoderDecision]:
     """Decide, for every decoder node of the main graph, whether imegen's operators serve it; with `apply`, move
-    those that are served (the model is modified in place). Graph order."""
+    those that are served (the model is modified in place). Graph order. `attention`: the library has an
+    attention kernel (the spec's `attention` blocks), which GroupQueryAttention nodes need."""
     graph = model.graph
     g = _Graph(graph)
     decisions, moves, fusions = [], [], []
@@ -205,7 +207,9 @@ def rewrite_decoder_ops(model, *, apply: bool = True) -> list[DecoderDecision]:
         if key in CHECKS:
             op, check = CHECKS[key]
             why = check(g, node)
-            decisions.append(DecoderDecision(_name(node), op, why is None, why or "imegen rvv fp32"))
+            if why is None and op == "GroupQueryAttention" and not attention:
+                why = "the spec has no attention kernel (an `attention NAME { ... }` block)"
+            decisions.append(DecoderDecision(_name(node), op, why is None, why or SERVED.get(op, "imegen rvv fp32")))
             if why is None:
                 moves.append(node)
         elif key == ("", "Sigmoid"):

@@ -641,13 +641,14 @@ def _decoder_steps(sides: _Sides, dec: Decoder, feeds: dict, level: int, generat
 def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: str = "<spec>", version: str = "1.23",
                 inputs: dict[str, np.ndarray] | None = None, seed: int = 0, dims: dict[str, int] | None = None,
                 threads: int = 1, seq: int = DEFAULT_SEQ, past: int = DEFAULT_PAST, generate: int = 0,
-                compute: str | None = None, decoder: bool = True) -> ModelCheck:
+                compute: str | None = None, decoder: bool = True, attention: list | None = None) -> ModelCheck:
     """Check `model_path` in stock ORT vs ORT + imegen (see the module's docstring). `inputs` are the
     (prefill) feeds, else random from `seed`; `dims` size symbolic dims (a decoder's sequence lengths
     come from `seq` and `past`); `generate` > 0 greedy-decodes that many tokens on both sides;
     `compute`: "int8" moves accuracy levels 0-3 as level 4, "fp32" lowers level 4 to 0 where fp32 kernels
     serve, as `ort-accelerate --compute int8|fp32` does (None: each node's own level); `decoder`: also move the
-    decoder's other nodes onto imegen's operators (decoder_ops.py), as ort-accelerate does unless --matmul-only."""
+    decoder's other nodes onto imegen's operators (decoder_ops.py), as ort-accelerate does unless --matmul-only;
+    `attention`: the spec's attention kernels (AttentionSpecs; GroupQueryAttention nodes move only with one)."""
     dims = dict(dims or {})
     if seq < 1 or past < 0 or generate < 0:
         raise ModelCheckError(f"need seq >= 1, past >= 0, generate >= 0 (got {seq}, {past}, {generate})")
@@ -664,13 +665,13 @@ def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: s
     if generate and (dec is None or not dec.present or not dec.logits):
         raise ModelCheckError("generating needs a decoder: inputs input_ids and past_key_values.*, "
                               "outputs logits and present.*")
-    lib = build_library(specs, spec_file, flavour="qemu")
+    lib = build_library(specs, spec_file, flavour="qemu", attention=attention)
     if compute == "fp32":
         lower_to_fp32(model, specs)
     decisions = rewrite(model, specs, int8_compute=compute == "int8")
     check = ModelCheck(version, decisions, _level(model), generate=generate, kernels=tuple(s.name for s in specs))
     if decoder and check.moved:
-        check.decoder = rewrite_decoder_ops(model)
+        check.decoder = rewrite_decoder_ops(model, attention=bool(attention))
     if not check.moved:
         return check  # nothing imegen would run: no session, and the report says so
     if dec is not None:

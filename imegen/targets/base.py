@@ -102,6 +102,17 @@ class Target:
         """Vector registers the kernel's inner loop keeps live, by class (empty: none)."""
         return {}
 
+    # --- attention kernels (ir.build_attention, render.render_attention) ---
+
+    def validate_attention(self, spec, refuse: Refuse):
+        """An AttentionSpec's target rules; returns it with target defaults filled in."""
+        refuse("target", f"target {self.name} has no attention kernels")
+        return spec
+
+    def plan_attention(self, spec):
+        """The AttentionPlan templates/attention_*.c.j2 renders."""
+        raise NotImplementedError(f"target {self.name} has no attention kernels")
+
     # --- where it runs (check, verify, the dispatch's supported()) ---
 
     def accepts_vlen(self, spec: KernelSpec, vlen: int) -> bool:

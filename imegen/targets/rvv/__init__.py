@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from ...spec import KernelSpec
 from ..base import Refuse, Target, lmul_for, refuse_k_step
+from . import attention
 from .kernel import rvv_plan
 
 DEFAULT_VLEN = 128  # the least VLEN RVV 1.0's V extension requires of an application processor
@@ -41,6 +42,12 @@ class RvvTarget(Target):
 
     def lower(self, spec: KernelSpec, pack):
         return rvv_plan(spec)
+
+    def validate_attention(self, spec, refuse: Refuse):
+        return attention.validate(spec, refuse)
+
+    def plan_attention(self, spec):
+        return attention.plan(spec)
 
 
 TARGET = RvvTarget(name="rvv", title="RVV", micro_template="micro_rvv.c.j2", march="rv64gcv", compilers=("clang",),
