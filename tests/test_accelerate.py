@@ -96,7 +96,7 @@ def built(monkeypatch, tmp_path):
     """build_library stubbed out (the real build runs in the end-to-end and genai tests): records its specs."""
     calls = []
 
-    def fake(specs, spec_file="<spec>", *, flavour="qemu", ort_include=None):
+    def fake(specs, spec_file="<spec>", *, flavour="qemu", ort_include=None, attention=None):
         calls.append((specs, flavour))
         lib = tmp_path / "fake-lib.so"
         lib.write_bytes(b"library")

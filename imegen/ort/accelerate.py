@@ -613,10 +613,16 @@ def _checked_output(opts: Options) -> Path:
     return out
 
 
-# The attention kernel a derived spec holds for GroupQueryAttention nodes: 4 query rows x 16 keys per block at
-# VLEN 256 (every K1 core), so a decode step's 7 query heads per KV head make two tiles, and 4 threads have work.
-ATTENTION_BLOCK = ("# gqa_attention: GroupQueryAttention's softmax(Q K^T) V, RVV fp32 (imegen check runs it against NumPy)\n"
-                   "attention gqa_attention {\n  target       = rvv\n  vlen         = 256\n  tile         = 4x16\n}\n")
+# The attention kernel a derived spec holds for GroupQueryAttention nodes: the tile `imegen tune --attention` chose
+# (attention_tuning.json; its counts and times in bench/results/attention_tune.txt), at VLEN 256: every K1 core.
+ATTENTION_TUNING = Path(__file__).with_name("attention_tuning.json")
+
+
+def attention_block() -> str:
+    tuned = json.loads(ATTENTION_TUNING.read_text())
+    return ("# gqa_attention: GroupQueryAttention's softmax(Q K^T) V, RVV fp32; tile (query rows x keys per block) from "
+            f"imegen tune --attention\nattention gqa_attention {{\n  target       = rvv\n  vlen         = {tuned['vlen']}\n"
+            f"  tile         = {tuned['tile']}\n}}\n")
 
 
 def has_attention(model) -> bool:
@@ -626,11 +632,11 @@ def has_attention(model) -> bool:
 def _kernels(opts: Options, nodes: list[InspectedNode], attention: bool = False
              ) -> tuple[list[KernelSpec], str, dict[int, Serving] | None]:
     """(specs, spec text, the kernels derived per node index or None for a given spec); `attention`: the derived
-    spec also gets ATTENTION_BLOCK."""
+    spec also gets the tuned attention kernel (attention_block())."""
     if opts.spec is not None:
         return load_specs(opts.spec), opts.spec.read_text(), None
     derived = derive(nodes, compute=opts.compute, model_name=opts.model.name)
-    text = derived.text + ("\n" + ATTENTION_BLOCK if attention and derived.specs and opts.decoder else "")
+    text = derived.text + ("\n" + attention_block() if attention and derived.specs and opts.decoder else "")
     return derived.specs, text, derived.intended
 
 

@@ -33,6 +33,10 @@ def add_perf_commands(sub) -> None:
                    "ime or rvv) in the same tables, next to the baselines; each on the cases of its block")
     t.add_argument("--spec", metavar="SPEC", help="instead of searching: rank SPEC's own kernels (abi imegen, target ime "
                    "or rvv) per shape, and write the best of them per case")
+    t.add_argument("--attention", action="store_true",
+                   help="instead: count every attention tile on Qwen2.5-0.5B's GroupQueryAttention (decode at 128 and "
+                        "512 cached positions, a 128-token prefill) next to stock ORT's, in riscv64 ORT under QEMU; "
+                        "write attention_tune.json/.txt and the winner ort-accelerate uses")
     for p in (b, t):
         p.add_argument("--quick", action="store_true", help="the CI subset: q/o shape, M=1 and 128, block 32, small search "
                        "(with --spec: q/o, M=1 and 128, each kernel's block)")

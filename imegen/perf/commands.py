@@ -55,6 +55,8 @@ def misused_options(args) -> str | None:
         return "--blocks does not apply with --spec: each kernel runs at its own block"
     if not args.spec and (args.shape or args.m):
         return "--shape and --m choose the cases of --spec's kernels: give --spec SPEC"
+    if getattr(args, "attention", False) and (args.spec or args.quick or args.blocks or args.shape or args.m):
+        return "--attention tunes the attention tile alone: no --spec, --quick, --blocks, --shape or --m"
     return None
 
 
@@ -78,6 +80,14 @@ def _floors(args) -> int:
 
 
 def _tune(args, user: user_kernels.UserKernels | None, out: Path, jobs: int) -> None:
+    if args.attention:
+        from .search import attention
+
+        results = attention.tune(log=_log)
+        print(attention.table(results))
+        attention.write(results, out)
+        _log(f"wrote {out / 'attention_tune.json'}, {out / 'attention_tune.txt'} and {attention.PACKAGE_TABLE}")
+        return
     if user:
         cases = spec_cases(user.blocks, quick=args.quick, custom_shapes=args.shape, ms=args.m)
         result = tune.rank(list(user.specs), cases, jobs=jobs, log=_log, by=args.occupancy, source=user.source)
