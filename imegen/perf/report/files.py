@@ -13,12 +13,39 @@ from . import onnxruntime
 from .plot import plot
 
 
+LLAMA_CONFIG = "llama.cpp's own ime1_kernels.cpp, Q4_0 (symmetric int4 block 32, fp16 scales), A as Q8 per 32"
+STOCK_CONFIG = "Debian's riscv64 onnxruntime MatMulNBits per Run (4-bit asymmetric, accuracy_level 4; fp32 compute)"
+
+
+def _baseline_row(case, kind: str, config: str, counts: dict, ms_1core: float, ms_4cores: float) -> list:
+    """A bench.csv row of a real baseline (llama.cpp's kernels, stock ORT): its MEASURED counts (one thread) and
+    MODELED times; the columns the imegen-built kernels' evaluations alone fill stay empty."""
+    cls = x60.class_totals(counts)
+    vec_bytes = sum(x60.mem_stat(counts, c, "bytes") for c in ("vload", "vstore", "vlsx"))
+    return [case.shape, case.M, case.N, case.K, case.block, kind, config, *(round(cls[c]) for c in x60.CLASSES),
+            round(vec_bytes), f"{ms_1core * 1e3:.6f}", "", f"{ms_4cores * 1e3:.6f}", "", "", "", "", "", "", ""]
+
+
+def baseline_rows(res: BenchResult) -> list[list]:
+    """llama.cpp's real kernels (block 32) and stock ORT's MatMulNBits, as the report prints them."""
+    rows = []
+    for r in res.llama:
+        t = r.times()
+        rows.append(_baseline_row(r.case, "llama.cpp-real", LLAMA_CONFIG, r.one, t["1"][0], t["4"][0]))
+    for r in res.ort:
+        if 1 in r.stock and 4 in r.stock:
+            rows.append(_baseline_row(r.case, "stock-ort", STOCK_CONFIG, r.stock[1].counts, r.modeled(1)[0],
+                                      r.modeled(4)[0]))
+    return rows
+
+
 def write_csv(res: BenchResult) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["shape", "M", "N", "K", "block", "kernel", "config", *x60.CLASSES, "vec_bytes",
                 "ms_1core", "bound_1core", "ms_4cores", "bound_4cores", "dram_bytes", "roofline_ms_4cores",
                 "x_roofline_4cores", "gops_4cores", "ms_4cores_llvm_occ", "x_roofline_4cores_llvm_occ"])
+    w.writerows(baseline_rows(res))
     for r in res.rows:
         cls = x60.class_totals(r.ev.counts)
         vec_bytes = sum(x60.mem_stat(r.ev.counts, c, "bytes") for c in ("vload", "vstore", "vlsx"))
