@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from . import __version__, cli_types, interrupt
+from . import __version__, cli_types, interrupt, targets
 from .check import check_attention, check_dispatch, check_kernel, checked_cases, format_table, stderr_log
 from .errors import SpecError
 from .cli_types import add_command
@@ -65,16 +65,28 @@ def _only(plans: list[KernelPlan], spec: str, only: list[str] | None, others=())
     if only:
         unknown = sorted(set(only) - {p.name for p in plans} - {a.name for a in others})
         if unknown:
-            raise SpecError(None, f"{spec} defines no kernel named {', '.join(unknown)}; it has {', '.join(p.name for p in plans)}")
+            have = [p.name for p in plans] + [a.name for a in others]
+            raise SpecError(None, f"{spec} defines no kernel named {', '.join(unknown)}; it has {', '.join(have)}")
         plans = [p for p in plans if p.name in only]
     return plans
 
 
+def _attention_files(spec: str, only: list[str] | None = None) -> dict[str, str]:
+    """The .h and .c of the spec's attention kernels (those named by -k when given)."""
+    from .render import render_attention
+    from .verify_attention import plan_for
+
+    files: dict[str, str] = {}
+    for a in _attention(spec, only):
+        files.update(render_attention(plan_for(a), spec))
+    return files
+
+
 def cmd_generate(args) -> int:
     plans = _plans(args.spec)
-    chosen = _only(plans, args.spec, args.kernel)
-    files = render_spec(chosen, args.spec, args.mlas_pin)
-    all_names = set(files) if chosen == plans else set(render_spec(plans, args.spec, args.mlas_pin))
+    chosen = _only(plans, args.spec, args.kernel, _attention(args.spec))
+    files = {**render_spec(chosen, args.spec, args.mlas_pin), **_attention_files(args.spec, args.kernel)}
+    all_names = set(render_spec(plans, args.spec, args.mlas_pin)) | set(_attention_files(args.spec))
     # Every file is written before anything is printed: a closed stdout (`| head`) cannot stop it half way.
     report = write_outputs(Path(args.output), args.spec, files, all_names)
     for line in report:
@@ -86,7 +98,8 @@ def cmd_outputs(args) -> int:
     """File names `generate` writes, each with the -march its .c needs (for build systems)."""
     plans = _plans(args.spec)
     march = {f"{p.name}.c": march_for(p) for p in plans}
-    for name in render_spec(plans, args.spec, args.mlas_pin):
+    march.update({f"{a.name}.c": targets.get(a.target).march for a in _attention(args.spec)})
+    for name in [*render_spec(plans, args.spec, args.mlas_pin), *_attention_files(args.spec)]:
         print(f"{name}\t{march.get(name, 'rv64gc' if name.endswith('.c') else '')}".rstrip())
     return 0
 

@@ -80,3 +80,16 @@ def test_cli_check_runs_attention_blocks(tmp_path, capsys):
     assert "dec" in out and "3 of 4 builds passed" not in out and "4 of 4 builds passed" in out
     assert main(["list", str(path)]) == 0 and "attention target=rvv vlen=256 tile=4x16" in capsys.readouterr().out
     assert main(["explain", str(path)]) == 0 and "registers   16 of 32" in capsys.readouterr().out
+
+
+def test_generate_and_outputs_include_attention_kernels(tmp_path, capsys):
+    path = tmp_path / "s.imegen"
+    path.write_text("kernel g { op = gemv tile = 1x16 }\nattention dec { tile = 2x8 }\n")
+    assert main(["generate", str(path), "-o", str(tmp_path / "out"), "-k", "dec"]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if not p.name.startswith(".")) == ["dec.c", "dec.h"]
+    assert "Config: attention target=rvv vlen=128 tile=2x8" in (tmp_path / "out" / "dec.c").read_text()
+    capsys.readouterr()
+    assert main(["outputs", str(path)]) == 0
+    assert "dec.c\trv64gcv" in capsys.readouterr().out
+    assert main(["generate", str(path), "-o", str(tmp_path / "x"), "-k", "nope"]) == 2
+    assert "it has g, dec" in capsys.readouterr().err
