@@ -1,0 +1,321 @@
+"""The whole-model account users' graph adds up node by node (baselines/onnxruntime/per_node.py): one row per
+engine x phase x context, llama.cpp's whole-model counts beside it when bench/results/llama_whole_model.json
+exists, and the method text. bench/results/whole_model.csv and whole_model.txt are written by
+
+    python3 -m imegen.perf.report.whole_model [--out bench/results]
+
+and `imegen bench` shows whole_model.txt through `text_from_results(results_dir)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..baselines.onnxruntime import per_node as pn
+from ..model import x60
+from ..workload import QWEN25_05B, shapes
+from .tables import format_table
+
+LLAMA_JSON = "llama_whole_model.json"
+CSV_NAME = "whole_model.csv"
+TEXT_NAME = "whole_model.txt"
+LLAMA = "llama.cpp"
+COLUMNS = ("engine", "phase", "context", "instructions", "ms_modeled", "tokens_per_s_modeled", "non_matmul_share",
+           "dram_mb", "check_of_tolerance", "op_time_shares", "op_instruction_shares")
+Q4_0_BYTES_PER_32 = 18  # ggml's Q4_0 block: an fp16 scale and 32 4-bit codes
+KV_BYTES = 2  # llama.cpp's default KV cache type, f16
+
+
+@dataclass(frozen=True)
+class Row:
+    engine: str
+    phase: str  # decode | prefill
+    context: int
+    instructions: float  # per token (decode) or per prefill, every thread
+    ms_modeled: float
+    non_matmul_share: float | None  # of the modeled time; None where not separable (llama.cpp)
+    dram_bytes: float
+    check: float = 0.0  # worst imegen-vs-stock disagreement of a counted node, fraction of its tolerance
+    time_shares: dict[str, float] = field(default_factory=dict)
+    instruction_shares: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return 1 if self.phase == "decode" else self.context
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / (self.ms_modeled / 1e3)
+
+
+def row_of(a: pn.Account) -> Row:
+    return Row(a.engine, a.phase.kind, a.phase.context, a.instructions, a.seconds * 1e3, a.non_matmul_share,
+               sum(n.multiplicity * n.dram_bytes for n in a.nodes), max(n.check for n in a.nodes),
+               a.time_shares(), a.instruction_shares())
+
+
+# ------------------------------------------------------------------------------------------ llama.cpp
+def llama_weights(m=QWEN25_05B) -> int:
+    """Weights one token streams: every decoder matrix and the (tied) lm_head, all Q4_0 in the baseline."""
+    return sum(s.N * s.K * s.per_token for s in shapes(m))
+
+
+def llama_dram_bytes(phase: str, context: int, m=QWEN25_05B) -> float:
+    """Q4_0 weights once (18 bytes per 32) + the f16 KV cache: decode reads the `context` cached positions and
+    the new one and writes one; prefill writes and reads its `context` positions."""
+    per_position = m.layers * 2 * m.kv_heads * m.head_dim * KV_BYTES
+    positions = 2 * context if phase == "prefill" else context + 2
+    return llama_weights(m) * Q4_0_BYTES_PER_32 / 32 + per_position * positions
+
+
+def llama_core_seconds(r: dict) -> float:
+    """One thread's core time (the row's own X60 figure from its full counters, else from its class totals, which
+    leave out the vector units' beats), split evenly over the 4 cores."""
+    if "modeled_core_ms_x60" in r:
+        one = r["modeled_core_ms_x60"] / 1e3
+    elif "counts" in r:
+        one = x60.core_seconds(r["counts"])
+    else:
+        one = x60.core_seconds({f"kernel.{c}": v for c, v in r["classes"].items()})
+    return one / x60.X60.ime_cores
+
+
+def llama_row(r: dict) -> Row:
+    dram = llama_dram_bytes(r["phase"], int(r["context"]))
+    seconds = max(llama_core_seconds(r), dram / x60.X60.dram_effective)
+    split = r.get("split") or {}
+    total = sum(split.values()) or 1
+    return Row(LLAMA, r["phase"], int(r["context"]), float(r["instructions"]), seconds * 1e3, None, dram,
+               instruction_shares={("SpacemiT code" if k == "spacemit" else k): v / total for k, v in split.items()})
+
+
+def llama_rows(path: Path) -> list[Row]:
+    """llama.cpp rows from `path` (llama_cpp/whole_model.py --write): {"rows": [{"phase": "decode" | "prefill",
+    "context": P, "instructions": N (per llama_decode call, 1 thread), "modeled_core_ms_x60": one thread's X60
+    core time (or "counts": the plugin's counters, or "classes": instruction class totals), "split":
+    {"spacemit": N, "rest": N} (optional)}, ...]}; [] when the file is not there."""
+    if not path.exists():
+        return []
+    return [llama_row(r) for r in json.loads(path.read_text())["rows"]]
+
+
+# ------------------------------------------------------------------------------------------ CSV and text
+def _shares_text(shares: dict[str, float]) -> str:
+    return ";".join(f"{k}={v:.4f}" for k, v in shares.items())
+
+
+def _shares_of(text: str) -> dict[str, float]:
+    return {k: float(v) for k, v in (p.split("=", 1) for p in text.split(";") if p)}
+
+
+def write_csv(rows: list[Row]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(COLUMNS)
+    for r in rows:
+        w.writerow([r.engine, r.phase, r.context, round(r.instructions), f"{r.ms_modeled:.4f}", f"{r.tokens_per_s:.3f}",
+                    "" if r.non_matmul_share is None else f"{r.non_matmul_share:.4f}", f"{r.dram_bytes / 1e6:.3f}",
+                    f"{r.check:.3f}", _shares_text(r.time_shares), _shares_text(r.instruction_shares)])
+    return buf.getvalue()
+
+
+def read_csv(text: str) -> list[Row]:
+    out = []
+    for d in csv.DictReader(io.StringIO(text)):
+        missing = [c for c in COLUMNS if c not in d]
+        if missing:
+            raise ValueError(f"{CSV_NAME} lacks the column {missing[0]}")
+        out.append(Row(d["engine"], d["phase"], int(d["context"]), float(d["instructions"]), float(d["ms_modeled"]),
+                       float(d["non_matmul_share"]) if d["non_matmul_share"] else None, float(d["dram_mb"]) * 1e6,
+                       float(d["check_of_tolerance"]), _shares_of(d["op_time_shares"]),
+                       _shares_of(d["op_instruction_shares"])))
+    return out
+
+
+ORDER = (*pn.ENGINES, LLAMA)
+
+
+def _sorted(rows: list[Row]) -> list[Row]:
+    return sorted(rows, key=lambda r: (r.phase != "decode", r.context, ORDER.index(r.engine) if r.engine in ORDER else 9))
+
+
+def _top_shares(shares: dict[str, float], n: int = 4) -> str:
+    short = {"SkipSimplifiedLayerNormalization": "SkipRMSNorm", "SimplifiedLayerNormalization": "RMSNorm",
+             "GroupQueryAttention": "GQA", "GatherBlockQuantized": "embed"}
+    return " ".join(f"{short.get(k, k)} {v:.1%}" for k, v in list(shares.items())[:n])
+
+
+def table(rows: list[Row]) -> str:
+    head = ["phase", "context", "engine", "G instr", "ms MODELED", "tok/s MODELED", "non-MatMulNBits", "DRAM MB",
+            "largest shares of modeled time (instructions for llama.cpp)"]
+    body = []
+    for r in _sorted(rows):
+        shares = r.time_shares or r.instruction_shares
+        body.append([r.phase, str(r.context), r.engine, f"{r.instructions / 1e9:.3f}", f"{r.ms_modeled:.2f}",
+                     f"{r.tokens_per_s:.1f}", "-" if r.non_matmul_share is None else f"{r.non_matmul_share:.1%}",
+                     f"{r.dram_bytes / 1e6:.1f}", _top_shares(shares)])
+    return format_table(head, body, right={1, 3, 4, 5, 6, 7})
+
+
+def _find(rows: list[Row], engine: str, phase: str, context: int) -> Row | None:
+    return next((r for r in rows if (r.engine, r.phase, r.context) == (engine, phase, context)), None)
+
+
+def headline(rows: list[Row]) -> str:
+    """The ratios of modeled time: ORT+imegen's decoder engine against stock, against matmul-only, and against
+    llama.cpp; the non-MatMulNBits share at decode 512."""
+    lines = []
+    for phase, context in ((p.kind, p.context) for p in pn.PHASES):
+        dec, stock, mm = (_find(rows, e, phase, context) for e in pn.ENGINES)
+        llama = _find(rows, LLAMA, phase, context)
+        if not (dec and stock and mm):
+            continue
+        parts = [f"{stock.ms_modeled / dec.ms_modeled:.1f}x faster than stock-ort",
+                 f"{mm.ms_modeled / dec.ms_modeled:.2f}x vs ort-imegen-matmul"]
+        if llama:
+            parts.append(f"{llama.ms_modeled / dec.ms_modeled:.2f}x vs llama.cpp (>1: faster)")
+        lines.append(f"  {phase} {context}: ort-imegen-decoder {dec.ms_modeled:.2f} ms, " + ", ".join(parts))
+    shares = [f"{e} {r.non_matmul_share:.1%}" for e in pn.ENGINES if (r := _find(rows, e, "decode", 512))]
+    if shares:
+        lines.append("  non-MatMulNBits share of the modeled time at decode 512: " + ", ".join(shares))
+    return "\n".join(["Headline (all MODELED):", *lines]) if lines else ""
+
+
+def category_table(accounts: list[pn.Account], phase: pn.Phase) -> str:
+    """Per category of node, each engine's instructions and modeled ms at `phase` (multiplicities included)."""
+    mine = {a.engine: a for a in accounts if a.phase == phase}
+    engines = [e for e in pn.ENGINES if e in mine]
+    cats: dict[str, None] = {}
+    for e in engines:
+        cats.update(dict.fromkeys(mine[e].time_shares()))
+    head = ["node", *(f"{e} {what}" for e in engines for what in ("M instr", "ms"))]
+    body = []
+    for c in cats:
+        cells = []
+        for e in engines:
+            nodes = [n for n in mine[e].nodes if n.category == c]
+            cells += [f"{sum(n.multiplicity * n.instructions for n in nodes) / 1e6:.2f}" if nodes else "-",
+                      f"{sum(n.multiplicity * n.seconds for n in nodes) * 1e3:.3f}" if nodes else "-"]
+        body.append([c, *cells])
+    body.append(["total", *(x for e in engines for x in (f"{mine[e].instructions / 1e6:.2f}",
+                                                          f"{mine[e].seconds * 1e3:.3f}"))])
+    return format_table(head, body)
+
+
+def method_text(version: str = "1.23", llama_present: bool = False) -> str:
+    m = QWEN25_05B
+    return (
+        f"WHOLE MODEL, node by node: onnxruntime-genai's export form of {m.name} (imegen/ort/genai_form.py, "
+        f"`imegen qwen-model`: hidden {m.hidden}, {m.heads}/{m.kv_heads} heads of {m.head_dim}, FFN {m.intermediate}, "
+        f"{m.layers} layers, vocab {m.vocab}, int4 block 32 symmetric, accuracy_level 4, tied embedding: "
+        "GatherBlockQuantized + MatMulNBits lm_head; per layer fused qkv MatMulNBits + bias Add, GroupQueryAttention "
+        "with rotary inside and BNSH past/present, o_proj, two (Skip)SimplifiedLayerNormalization, gate/up, SiLU as "
+        "Sigmoid-Mul-Mul, down; the attention-mask subgraph) in three engines: stock-ort (Debian's riscv64 "
+        f"onnxruntime {version}), ort-imegen-matmul (MatMulNBits on imegen's custom-op library with the kernels "
+        "`imegen ort-accelerate --matmul-only` derives, the rest stock), ort-imegen-decoder (also RMSNorms, SiluMul and "
+        "GroupQueryAttention on imegen's RVV operators: `imegen ort-accelerate`). Phases: decode = 1 new token after "
+        "128 or 512 cached positions; prefill = 128 or 512 tokens from an empty cache, the lm_head computing the last "
+        "position's logits only (M = 1, as llama.cpp does; ORT's graph would compute every position's). "
+        "ENUMERATION: the graph's nodes are grouped as ORT runs them after its optimizer (its MatMulNBitsFusion folds the "
+        "qkv bias Add into a com.microsoft MatMulNBits, not into one in imegen's domain, where the Add stays a node; "
+        "its QuickGeluFusion makes Sigmoid+Mul one node, so the SiLU gate is one unit in every engine; Constant nodes "
+        "and the embedding's Reshape of the lm_head weights are folded at session creation), enumerated on a "
+        f"{pn.ENUMERATED_LAYERS}-layer model of the full sizes (layer 0 once, the other layer's nodes x {m.layers - 1}); "
+        "distinct nodes (ops, attributes, input shapes) are counted once with their multiplicity. "
+        "COUNTS MEASURED: each distinct node as a single-node model (its real initializers: the form's seeded random "
+        "weights quantized by imegen.reference's bit-exact port of ORT's MatMulNBitsQuantizer; the rotary caches; "
+        "seeded random activations and KV cache, the real attention-mask values) run in ORT under QEMU with 1 "
+        "intra-op thread (run_counts.py: per-Run instructions after a warm-up Run, libonnxruntime and every library "
+        "it calls, imegen's library for the imegen engines, the IME emulator excluded, each vmadot counted once); "
+        "an imegen node's outputs agree with the same node's in stock ORT (MatMulNBits: ORT's level-4 tolerance, "
+        f"int8 vs stock's fp32; decoder operators: |diff| <= {pn.DECODER_RTOL:g} x (1 + max |stock|)) before its "
+        "count is used ('check': the worst, as a fraction of its tolerance). Both imegen engines' MatMulNBits run the "
+        "same kernels (ort-accelerate derives one kernel spec with or without --matmul-only), so they are counted "
+        "once, in the matmul-only engine's library. Every count is direct (none scaled in M). The bench's "
+        "single-node MatMulNBits rows (ort.csv) are not reused: they are asymmetric at the bench's separate q/k/v "
+        "shapes, this form's nodes symmetric with a fused qkv (N = 1152). A node's own work = its per-Run count "
+        "minus that of a trivial one-node model (Neg of one float, counted the same way: ORT's Run overhead), class "
+        "by class; the graph's own one Run overhead is added once ('ORT Run'). "
+        "TIME MODELED (imegen/perf/model/x60.py) per node: max(core cycles of its counts split evenly over the cores "
+        "it runs on / 2 GHz, DRAM bytes / 5.24 GB/s), summed with multiplicities; ms per token for decode, per prefill "
+        "for prefill. ASSUMPTIONS, cores a node runs on = min(4, its parallel tasks): MatMulNBits 4 (MLAS's and "
+        "imegen's 4 slices); imegen's GroupQueryAttention heads x new tokens (its ParallelFor over batch, head, query "
+        "row), ORT's batch x heads (14); norms, SiLU gate, bias Add and embedding their rows (1 at decode); the "
+        "attention-mask integer ops and the Run overhead 1. DRAM bytes: MatMulNBits its weights as stored (ORT's "
+        "format for stock: int4 codes + fp32 scales; imegen: its kernel's traffic, x60.dram_traffic: the packed "
+        "weights x60.packed_b_bytes once per M block, A, A's workspace, C) + A and C; GroupQueryAttention the KV "
+        "cache read and the present written (the CPU export copies past into present each step: both counted) + "
+        "q/k/v in and output out; other nodes their activations in and out and the constants they read (the "
+        "embedding its gathered rows, the rotary caches the positions used). Every tensor is taken from DRAM: at "
+        "decode the small activations would sit in cache, so DRAM time is a little pessimistic there."
+        + (" llama.cpp rows: its whole-model counts (imegen/perf/baselines/llama_cpp/whole_model.py: llama.cpp with "
+           "the SpacemiT IME1 backend, Q4_0, 1 thread, per llama_decode call), modeled the same way: core time of "
+           "the counts split over 4 threads, DRAM bytes = the Q4_0 weights (18 bytes per 32) once + the f16 KV "
+           "cache read and written; its shares are instruction shares (SpacemiT code vs the rest)."
+           if llama_present else "")
+    )
+
+
+def report_text(rows: list[Row], version: str = "1.23", accounts: list[pn.Account] = ()) -> str:
+    """The method, the table, the headline and (given the accounts) the split by node at the 512 contexts."""
+    llama = any(r.engine == LLAMA for r in rows)
+    parts = [method_text(version, llama), "Whole model per node: instructions MEASURED, times MODELED:", table(rows)]
+    head = headline(rows)
+    if head:
+        parts.append(head)
+    for phase in (p for p in pn.PHASES if p.context == max(pn.CONTEXTS)):
+        if any(a.phase == phase for a in accounts):
+            parts += [f"By node, {phase.label} (instructions MEASURED, ms MODELED, multiplicities included):",
+                      category_table(list(accounts), phase)]
+    return "\n".join(parts)
+
+
+def text_from_results(results_dir: Path) -> str:
+    """The whole-model report `imegen bench` prints: the results folder's whole_model.txt (written with the
+    account by `python3 -m imegen.perf.report.whole_model`; the account takes an hour and more of QEMU uncached),
+    or '' without it."""
+    path = Path(results_dir) / TEXT_NAME
+    return path.read_text().rstrip("\n") if path.exists() else ""
+
+
+def rows_of(accounts: list[pn.Account], results_dir: Path) -> list[Row]:
+    return [row_of(a) for a in accounts] + llama_rows(Path(results_dir) / LLAMA_JSON)
+
+
+def write_outputs(rows: list[Row], out_dir: Path, version: str = "1.23", accounts: list[pn.Account] = ()) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / CSV_NAME).write_text(write_csv(_sorted(rows)))
+    (out_dir / TEXT_NAME).write_text(report_text(rows, version, accounts) + "\n")
+    return [out_dir / CSV_NAME, out_dir / TEXT_NAME]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m imegen.perf.report.whole_model",
+                                     description="Count the genai-form Qwen2.5-0.5B node by node in three ORT engines "
+                                                 "(cached; hours of QEMU uncached) and write whole_model.csv/.txt.")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"), help="results folder (bench/results)")
+    args = parser.parse_args(argv)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    try:
+        with pn.setup(log=log) as s:
+            accounts = pn.accounts(s, log=log)
+    except (RuntimeError, OSError, ValueError) as e:
+        print(f"error: {str(e).splitlines()[0] if str(e) else e}", file=sys.stderr)
+        return 1
+    rows = rows_of(accounts, args.out)
+    for p in write_outputs(rows, args.out, accounts[0].version or "1.23", accounts):
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
