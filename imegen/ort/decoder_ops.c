@@ -32,7 +32,6 @@ static const OrtApi *ort;
 
 #define TRY(call) do { OrtStatus *st_ = (call); if (st_) return st_; } while (0)
 #define MAX_RANK 8
-#define MAX_HEAD 1024 /* the longest attention head a query row's stack buffer holds */
 
 static OrtStatus *fail(OrtErrorCode code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static OrtStatus *fail(OrtErrorCode code, const char *fmt, ...) {
@@ -441,8 +440,9 @@ static OrtStatus *gqa_shapes(const struct node *n, OrtKernelContext *ctx, struct
                     "kv_num_heads) x head_size] (packed QKV)", n->name);
     j->batch = (size_t)qs.dims[0], j->seq = (size_t)qs.dims[1], j->head = (size_t)qs.dims[2] / heads_total;
     j->heads_total = heads_total;
-    if (j->head > MAX_HEAD || j->head == 0)
-        return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': head size %zu (1 to %d served)", n->name, j->head, MAX_HEAD);
+    if (!n->attention->scratch_size(j->head)) /* 0: a head size the attention kernel does not take */
+        return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': head size %zu is beyond attention kernel %s", n->name,
+                    j->head, n->attention->name);
     if (ks.rank != 4 || ks.dims[0] != (int64_t)j->batch || ks.dims[1] != n->kv_heads || ks.dims[3] != (int64_t)j->head
         || vs.rank != 4 || memcmp(ks.dims, vs.dims, sizeof ks.dims[0] * 4))
         return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': past_key and past_value must be [batch, kv_num_heads, "
@@ -489,9 +489,6 @@ static OrtStatus *compute_gqa(const struct node *n, OrtKernelContext *ctx) {
     const size_t kv_tasks = j.batch * (size_t)n->kv_heads, rows = (size_t)(n->heads / n->kv_heads) * j.seq;
     const size_t R = (size_t)n->attention->q_rows, tiles = kv_tasks * ((rows + R - 1) / R);
     if (!j.seq || !j.batch) return NULL;
-    if (!n->attention->scratch_size(j.head))
-        return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': head size %zu is beyond attention kernel %s", n->name,
-                    j.head, n->attention->name);
     TRY(ort->KernelContext_ParallelFor(ctx, fill_present, kv_tasks, 0, &j)); /* every tile below reads it all */
     TRY(ort->KernelContext_ParallelFor(ctx, attend_tile, tiles, 0, &j));
     if (j.status == 2) return fail(ORT_FAIL, "imegen: node '%s': out of memory for attention", n->name);
