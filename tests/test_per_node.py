@@ -217,6 +217,16 @@ def test_csv_has_every_engine_phase_and_context():
     assert "Headline" in wm.report_text(back)
 
 
+def test_headline_ratios():
+    def row(engine, ms, phase="decode", context=512):
+        return wm.Row(engine, phase, context, 1e9, ms, 0.25 if engine != wm.LLAMA else None, 1e8)
+
+    text = wm.headline([row(pn.STOCK, 1000.0), row(pn.MATMUL, 60.0), row(pn.DECODER, 50.0), row(wm.LLAMA, 75.0)])
+    assert "decode 512: ort-imegen-decoder 50.00 ms, 20.0x faster than stock-ort, 1.20x vs ort-imegen-matmul, " \
+           "1.50x vs llama.cpp" in text
+    assert "at decode 512: stock-ort 25.0%, ort-imegen-matmul 25.0%, ort-imegen-decoder 25.0%" in text
+
+
 def test_results_text_is_the_written_report(tmp_path):
     assert wm.text_from_results(tmp_path) == ""
     accounts = [hand_account(e, p) for p in pn.PHASES for e in pn.ENGINES]

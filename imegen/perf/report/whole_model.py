@@ -172,7 +172,7 @@ def headline(rows: list[Row]) -> str:
     llama.cpp; the non-MatMulNBits share at decode 512."""
     lines = []
     for phase, context in ((p.kind, p.context) for p in pn.PHASES):
-        dec, stock, mm = (_find(rows, e, phase, context) for e in pn.ENGINES)
+        stock, mm, dec = (_find(rows, e, phase, context) for e in (pn.STOCK, pn.MATMUL, pn.DECODER))
         llama = _find(rows, LLAMA, phase, context)
         if not (dec and stock and mm):
             continue
