@@ -342,11 +342,12 @@ def tensor_types(model, phase: Phase) -> Types:
 
 
 def logits_rows_last_only(model, unit: Unit, phase: Phase) -> bool:
-    """The lm_head at prefill computes the last position's logits only (as llama.cpp does): M = 1."""
-    outputs = {o.name for o in model.graph.output}
+    """The lm_head (the unit writing the graph output `logits`) at prefill computes the last position's logits
+    only (as llama.cpp does): M = 1."""
+    if phase.kind != "prefill" or "logits" not in {o.name for o in model.graph.output}:
+        return False
     nodes = {n.name: n for n in model.graph.node}
-    return phase.kind == "prefill" and any(o in outputs and o == "logits" for name in unit.nodes
-                                           for o in nodes[name].output)
+    return any("logits" in nodes[name].output for name in unit.nodes)
 
 
 # ------------------------------------------------------------------------------------------ 3. unit models
