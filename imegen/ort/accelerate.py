@@ -670,12 +670,13 @@ def _remove_stale_outputs(opts: Options) -> None:
 
 
 def accelerate(opts: Options) -> Outcome:
-    from .rewrite import lower_to_fp32, rewrite
+    from .rewrite import fold_bias_adds, lower_to_fp32, rewrite
 
     if opts.model.is_file() and opts.model.stat().st_size > BIG_MODEL:
         log(f"reading {opts.model} ({opts.model.stat().st_size >> 20} MiB)...")
     model = load_model(opts.model)
     out = _checked_output(opts)
+    folded = fold_bias_adds(model, load_specs(opts.spec) if opts.spec else None)
     nodes = inspect_model(model)
     externals = [_own_location(loc, opts.model.parent) for loc in external_files(model)]
     specs, spec_text, intended = _kernels(opts, nodes, has_attention(model))
@@ -696,6 +697,9 @@ def accelerate(opts: Options) -> Outcome:
     lines = [node_line(n, d, *_levels(n, d, i in lowered)) for i, (n, d) in enumerate(zip(nodes, decisions))]
     lines += [decoder_line(d) for d in decoder]
     lines += notes(decisions, lowered, opts)
+    if folded and served:
+        lines.append(f"note: {len(folded)} bias Adds folded into their MatMulNBits nodes' bias input (what ORT's own "
+                     "optimizer does to com.microsoft nodes; imegen's kernels add the bias in their epilogue)")
     lines.append(summary_line(nodes, decisions, len(used), opts) + (f"; {decoder_summary(decoder)}" if decoder else ""))
     report = "\n".join(lines) + "\n"
     write_if_changed(out / "report.txt", report.encode())

@@ -111,6 +111,9 @@ def run_command(args) -> int:
             model = _load_model(args.model)
             from .decoder_ops import rewrite_decoder_ops
 
+            from .rewrite import fold_bias_adds
+
+            fold_bias_adds(model, specs)
             decisions = rewrite(model, specs)
             moved = sum(d.moved for d in decisions)
             decoder = rewrite_decoder_ops(model, attention=bool(attention)) if moved and not args.matmul_only else []

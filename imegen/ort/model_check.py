@@ -39,7 +39,7 @@ from ..ir import KernelSpec
 from .customop import build_library, parse_decoder_stats, parse_stats
 from .decoder_ops import DecoderDecision, rewrite_decoder_ops
 from .ort_check import TOLERANCE, tolerance_text
-from .rewrite import NodeDecision, lower_to_fp32, node_attributes, rewrite
+from .rewrite import NodeDecision, fold_bias_adds, lower_to_fp32, node_attributes, rewrite
 from .external_data import ModelFileError, load_graph
 from .riscv import DTYPES, RiscvSession
 
@@ -666,6 +666,7 @@ def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: s
         raise ModelCheckError("generating needs a decoder: inputs input_ids and past_key_values.*, "
                               "outputs logits and present.*")
     lib = build_library(specs, spec_file, flavour="qemu", attention=attention)
+    fold_bias_adds(model, specs)  # as ort-accelerate does, where the spec serves the node with its bias
     if compute == "fp32":
         lower_to_fp32(model, specs)
     decisions = rewrite(model, specs, int8_compute=compute == "int8")

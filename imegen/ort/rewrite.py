@@ -113,6 +113,61 @@ def rewrite(model, specs: list[KernelSpec], *, int8_compute: bool = False) -> li
     return decisions
 
 
+def _consumers(graph) -> dict[str, list]:
+    users: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            if i:
+                users.setdefault(i, []).append(n)
+    return users
+
+
+def _bias_add(graph, node, users: dict, initializers: dict):
+    """(the Add after `node` that adds a constant [N] float32 bias to its output, the bias name) or None."""
+    out = node.output[0]
+    if len(users.get(out, [])) != 1 or out in {o.name for o in graph.output}:
+        return None
+    add = users[out][0]
+    if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+        return None
+    bias = add.input[1] if add.input[0] == out else add.input[0]
+    t = initializers.get(bias)
+    if t is None or t.data_type != FLOAT or list(t.dims) != [int(node_attributes(node).get("N", -1))]:
+        return None
+    return add, bias
+
+
+def fold_bias_adds(model, specs: list[KernelSpec] | None = None) -> list[str]:
+    """What ORT's own optimizer does to a com.microsoft MatMulNBits followed by an Add of a constant [N] bias (its
+    MatMulNBitsFusion), done in the file: the bias becomes the node's bias input and the Add goes, so imegen's
+    kernel adds it in its epilogue instead of a separate pass over the output (onnxruntime-genai exports the
+    q/k/v biases this way). `specs`: fold only where they serve the node with a bias (None: a spec will be
+    derived for the folded model). Returns the names of the nodes that took a bias."""
+    graph = model.graph
+    initializers = constant_initializers(graph)
+    users = _consumers(graph)
+    folded = []
+    for node in list(graph.node):
+        if node.op_type != "MatMulNBits" or node.domain != MS_DOMAIN or (len(node.input) > 5 and node.input[5]):
+            continue
+        found = _bias_add(graph, node, users, initializers)
+        if found is None:
+            continue
+        if specs is not None:
+            need, _ = node_needs(node, initializers)
+            if need is None or not serve(specs, NodeNeeds(**{**need.__dict__, "bias": True})).ok:
+                continue
+        add, bias = found
+        inputs = list(node.input) + [""] * (6 - len(node.input))
+        inputs[5] = bias
+        del node.input[:]
+        node.input.extend(inputs)
+        node.output[0] = add.output[0]
+        graph.node.remove(add)
+        folded.append(node_name(node))
+    return folded
+
+
 def lower_to_fp32(model, specs: list[KernelSpec]) -> set[int]:
     """What `ort-accelerate --compute fp32` does to a model: level-4 nodes the specs serve at fp32 compute get
     accuracy_level 0 (ORT's fp32 contract). Returns their indices among the model's MatMulNBits nodes."""
