@@ -1,9 +1,9 @@
-"""Per-Run counts of real riscv64 onnxruntime (imegen/perf/baselines/onnxruntime/run_counts.py) and the whole-model extrapolation."""
+"""Per-Run counts of real riscv64 onnxruntime (imegen/perf/baselines/onnxruntime/run_counts.py)."""
 
 import numpy as np
 import pytest
 
-from imegen.perf.baselines.onnxruntime import nodes, run_counts, whole_model
+from imegen.perf.baselines.onnxruntime import nodes, run_counts
 from imegen.perf.count.plugin import plugin_available
 from imegen.perf.model import x60
 from imegen.perf.workload import Case
@@ -77,16 +77,6 @@ def test_four_threads_are_counted_exactly(node):
     assert [_total(r) for r in a.runs[1:]] == [_total(r) for r in b.runs[1:]]  # repeatable
     # The same work split over threads: the sum is the 1-thread count plus the pool's bookkeeping.
     assert 0.98 < _total(a.runs[1]) / _total(one.runs[0]) < 1.2
-
-
-TINY = dict(hidden=128, intermediate=256, heads=2, kv_heads=1, head_dim=64)
-
-
-def test_whole_model_is_linear_in_layers():
-    counts = {L: whole_model.count_model(L, 256, "decode", overrides=TINY)[0].counts for L in (1, 2, 3)}
-    predicted = whole_model.extrapolate(counts[1], counts[2], layers=3)
-    assert abs(_total(predicted) / _total(counts[3]) - 1) < 0.01
-    assert _total(counts[2]) > 1.2 * _total(counts[1])
 
 
 def test_chosen_cases_keep_the_lm_head_at_decode_only():

@@ -14,7 +14,6 @@ from .. import ir
 from .baselines.dsl import BASELINES, baseline_settings
 from .baselines.llama_cpp import rows as llama_cpp
 from .baselines.onnxruntime import nodes as ort_nodes
-from .baselines.onnxruntime import whole_model
 from .model import x60
 from .search import tune
 from .search.evaluate import Evaluation, evaluate
@@ -39,7 +38,7 @@ class BenchResult:
     quick: bool
     llama: tuple = ()  # llama_cpp.LlamaRow: llama.cpp's real kernels, block 32
     ort: tuple = ()  # ort_nodes.OrtRow: stock riscv64 onnxruntime per Run, and ORT + imegen's library
-    whole: whole_model.WholeModel | None = None  # (full runs) the whole Qwen model in stock ORT and ORT + imegen
+    whole: object = None  # (full runs) whole.WholeAccount: the exporter-form Qwen node by node, and llama.cpp
     twins: dict = field(default_factory=dict)  # (case, B scale type) -> (the fewest-instruction twin, own form?) (scale_twins)
     subjects: tuple[str, ...] = ("imegen",)  # the kinds benched against the baselines: the tuned kernels, or SPEC's
     user: UserKernels | None = None  # `bench --spec`: the user's kernels
@@ -64,8 +63,14 @@ def run(*, quick: bool = False, blocks=BLOCKS, jobs: int | None = None, log=None
     rows.sort(key=lambda r: (cases.index(r.case), order[r.kind]))
     llama = tuple(llama_cpp.rows(cases, tuned, log=log))
     ort = tuple(ort_nodes.rows(cases, tuned, quick=quick, log=log))
-    whole = None if quick else whole_model.run(tuned, list(ort), log=log)
+    whole = None if quick else whole_account(log)
     return BenchResult(rows, tuned, quick, llama, ort, whole, scale_twins(cases, tuned, log))
+
+
+def whole_account(log=None):
+    from . import whole
+
+    return whole.run(log=log)
 
 
 def run_spec(user: UserKernels, cases: list[Case], *, quick: bool = False, jobs: int | None = None, log=None) -> BenchResult:

@@ -108,7 +108,6 @@ PUBLISHED = {
 }
 PUBLISHED_PP512_TPS = 64.12  # llama.cpp Q4_0 pp512 tokens/s, same table
 PUBLISHED_TG128_TPS = 10.03  # llama.cpp Q4_0 tg128 tokens/s, same table (PUBLISHED in tokens/s)
-PUBLISHED_ORT_MS = 80.0  # an ms/token figure cited for ORT on K1 (Qwen2.5-0.5B int4); imegen found no public source for it
 
 
 def spec_cases(blocks, *, quick: bool = False, custom_shapes=None, ms=None) -> list[Case]:

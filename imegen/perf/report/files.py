@@ -9,7 +9,7 @@ from pathlib import Path
 from ..bench import BenchResult
 from ..model import floors, x60
 from ..search import tune
-from . import onnxruntime
+from . import onnxruntime, whole_model
 from .plot import plot
 
 
@@ -45,7 +45,6 @@ def write_csv(res: BenchResult) -> str:
     w.writerow(["shape", "M", "N", "K", "block", "kernel", "config", *x60.CLASSES, "vec_bytes",
                 "ms_1core", "bound_1core", "ms_4cores", "bound_4cores", "dram_bytes", "roofline_ms_4cores",
                 "x_roofline_4cores", "gops_4cores", "ms_4cores_llvm_occ", "x_roofline_4cores_llvm_occ"])
-    w.writerows(baseline_rows(res))
     for r in res.rows:
         cls = x60.class_totals(r.ev.counts)
         vec_bytes = sum(x60.mem_stat(r.ev.counts, c, "bytes") for c in ("vload", "vstore", "vlsx"))
@@ -55,6 +54,7 @@ def write_csv(res: BenchResult) -> str:
                     f"{four.time_s * 1e3:.6f}", four.bound, round(four.dram_bytes), f"{four.roofline_s * 1e3:.6f}",
                     f"{four.efficiency:.4f}", f"{four.gops:.3f}",
                     *((f"{r.ev.measured[1].time_s * 1e3:.6f}", f"{r.ev.measured[1].efficiency:.4f}") if r.ev.measured else ("", ""))])
+    w.writerows(baseline_rows(res))
     return buf.getvalue()
 
 
@@ -68,6 +68,8 @@ def write_outputs(res: BenchResult, out_dir: Path, text: str) -> list[Path]:
     if res.ort:
         (out_dir / "ort.csv").write_text(onnxruntime.nodes_csv(res, list(res.ort)))
         written.append(out_dir / "ort.csv")
+    if res.whole is not None:
+        written += whole_model.write_outputs(res.whole.rows(), out_dir, res.whole.version, list(res.whole.accounts))
     png = plot(res, out_dir / "bench.png")
     if png:
         written.append(png)

@@ -1,20 +1,15 @@
-"""The real-onnxruntime tables: stock riscv64 ORT per Run against imegen's tuned kernels, single nodes
-(nodes_*) and the whole model (whole_model_*), with the method each was counted by."""
+"""The real-onnxruntime tables: stock riscv64 ORT per Run against imegen's tuned kernels, single nodes (nodes_*),
+with the method they were counted by (the whole model: report/whole_model.py)."""
 
 from __future__ import annotations
 
 import csv
 import io
 
-import numpy as np
-
-from ..baselines.onnxruntime.nodes import BLOCK, DESCRIBES, OrtRow, modeled_time
+from ..baselines.onnxruntime.nodes import DESCRIBES, OrtRow, modeled_time
 from ..baselines.onnxruntime.run_counts import serialized_threads_exact
-from ..baselines.onnxruntime.whole_model import (DECODE_PAST, DEEP_RMS, LAYERS, PREFILL, PREFILL_VOCAB, STRICT_LAYERS,
-                                                 WholeModel)
 from ..bench import BenchResult
 from ..model import x60
-from ..workload import LLAMA_CPP_SOURCE, PUBLISHED_ORT_MS, PUBLISHED_PP512_TPS, PUBLISHED_TG128_TPS, QWEN25_05B
 from .tables import format_table
 
 
@@ -80,59 +75,3 @@ def nodes_csv(res: BenchResult, rs: list[OrtRow]) -> str:
             w.writerow([c.shape, c.M, c.N, c.K, c.block, "ORT+imegen", 1, round(x60.total_instructions(r.imegen_lib.counts)),
                         f"{ms * 1e3:.6f}", bound, f"{r.imegen_lib.worst:.4f}", r.imegen_lib.version])
     return buf.getvalue()
-
-
-def whole_model_table(w: WholeModel, calibration: str = "") -> str:
-    head = ["", "path", "instructions G", "MatMulNBits share", "1 core ms", "bound", "4 cores ms (ideal split)",
-            "bound", "per token", "logits check"]
-    body = []
-    for mode, figs in (("decode (1 token)", w.decode), (f"prefill ({PREFILL} tokens)", w.prefill)):
-        for path, f in figs.items():
-            t1, b1 = modeled_time(f.counts, f.dram_bytes, 1)
-            t4, b4 = modeled_time(f.counts, f.dram_bytes, 4)
-            n = 1 if mode.startswith("decode") else PREFILL
-            rate = f"{t4 * 1e3:.1f} ms/token (4c)" if n == 1 else f"{n / t4:.1f} tok/s (4c)"
-            body.append([mode, path, f"{x60.total_instructions(f.counts) / 1e9:.3f}", f"{f.matmul / x60.total_instructions(f.counts):.0%}",
-                         f"{t1 * 1e3:.1f}", b1, f"{t4 * 1e3:.1f}", b4, rate,
-                         "-" if path == "stock ORT" else f"{f.check:.2f} tol" if np.isfinite(f.check) else "composed"])
-    text = format_table(head, body, right={2, 3, 4, 6})
-    ratio_d = x60.total_instructions(w.decode["stock ORT"].counts) / x60.total_instructions(w.decode["ORT+imegen"].counts)
-    ratio_p = x60.total_instructions(w.prefill["stock ORT"].counts) / x60.total_instructions(w.prefill["ORT+imegen"].counts)
-    deep = [(k, v) for k, v in w.counted.items() if len(k) == 4 and k[3] == "logits"]
-    agreement = "".join(f" At {k[2]} layers ({k[1]}) ORT+imegen's logits differ from stock's by {v[0]:.2f} x the level-4 "
-                        f"tolerance at worst, {v[1]:.2%} relative RMS, top token {'the same' if v[2] else 'DIFFERENT'} "
-                        f"(int8 vs stock's fp32 compute, compounded over the layers; at 1-{STRICT_LAYERS} layers the "
-                        "check is the tolerance itself)." for k, v in deep)
-    lines = [text, f"stock ORT / ORT+imegen instructions: decode {ratio_d:.1f}x, prefill {ratio_p:.1f}x." + agreement,
-             f"Published on K1, 4 threads, whole model (measured by others): llama.cpp Q4_0 tg128 {PUBLISHED_TG128_TPS} "
-             f"tok/s = {1000 / PUBLISHED_TG128_TPS:.1f} ms/token, pp512 {PUBLISHED_PP512_TPS} tok/s "
-             f"({LLAMA_CPP_SOURCE}); ONNX Runtime ~{PUBLISHED_ORT_MS:.0f} ms/token "
-             "(the figure issue 10 cites; imegen found no public source for it)."]
-    if calibration:
-        lines.append(f"The X60 model's optimism on llama.cpp's real kernels (the calibration above; divide a modeled rate by it): {calibration}")
-    return "\n".join(lines)
-
-
-def whole_model_method_text(w: WholeModel) -> str:
-    c = w.counted
-    return (f"METHOD (whole model, imegen/perf/baselines/onnxruntime/whole_model.py): {QWEN25_05B.name} architecture (imegen/ort/qwen.py, random "
-            f"weights, int4 block {BLOCK} asymmetric, accuracy_level 4) in onnxruntime {w.version} (riscv64, QEMU), "
-            f"1 intra-op thread, instructions MEASURED per Run (prefill: at 1 and 2 layers, extrapolated linearly to {LAYERS}: "
-            f"count(1) + 23 x (count(2) - count(1))). Decode: M = 1 after a KV cache of {DECODE_PAST} positions, full "
-            f"vocabulary {QWEN25_05B.vocab} (counted: stock {c[('stock ORT', 'decode', 1)] / 1e9:.2f} / "
-            f"{c[('stock ORT', 'decode', 2)] / 1e9:.2f} G at 1 / 2 layers; counted directly at {LAYERS} layers: "
-            f"stock {c[('stock ORT', 'decode', LAYERS)] / 1e9:.2f} G, extrapolated "
-            f"{c[('stock ORT', 'decode', 'extrapolated')] / 1e9:.2f} G; ORT+imegen "
-            f"{c[('ORT+imegen', 'decode', LAYERS)] / 1e9:.4f} G, extrapolated "
-            f"{c[('ORT+imegen', 'decode', 'extrapolated')] / 1e9:.4f} G: the direct counts are reported). Prefill: {PREFILL} tokens, empty cache, counted "
-            f"at vocabulary {PREFILL_VOCAB}, its LM head (single-node count at M = {PREFILL}) replaced by the full one "
-            "at M = 1 (last-position logits only, as llama.cpp's pp), the same for ORT+imegen (its 2-layer Run traps "
-            f"~60 M emulated vmadots, ~25 min under QEMU; counted {c[('ORT+imegen', 'prefill', 1)] / 1e9:.3f} / "
-            f"{c[('ORT+imegen', 'prefill', 2)] / 1e9:.3f} G at 1 / 2 layers), checked against the composed estimate "
-            "(stock's prefill with the model's MatMulNBits single-node counts replaced by ORT+imegen's): "
-            f"{c[('ORT+imegen', 'prefill', 'composed')] / 1e9:.3f} G. MatMulNBits share = Σ single-node per-Run "
-            "counts of the model's 169 MatMulNBits over the total. ORT+imegen = the rewritten model with imegen's "
-            "library (tuned q/o decode and prefill kernels, IME emulator excluded), logits within ORT's level-4 "
-            f"tolerance of stock's up to {STRICT_LAYERS} layers, deeper within {DEEP_RMS:.0%} relative RMS. "
-            "Times MODELED: max(core, DRAM); '4 cores (ideal split)' divides every instruction by 4 (an upper bound "
-            "on speed: ORT runs the non-MatMulNBits ops on fewer threads); DRAM = MatMulNBits weights + A + C + KV cache.")

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from ..baselines.llama_cpp.rows import per_token_s
 from ..baselines.onnxruntime import nodes as ort_nodes
-from ..baselines.onnxruntime import whole_model
 from ..bench import KINDS, BenchResult
 from ..model import x60
-from ..workload import (DECODE_M, LLAMA_CPP_SOURCE, PREFILL_M, PUBLISHED, PUBLISHED_ORT_MS, PUBLISHED_PP512_TPS,
-                        PUBLISHED_TG128_TPS)
+from ..workload import DECODE_M, LLAMA_CPP_SOURCE, PREFILL_M, PUBLISHED, PUBLISHED_PP512_TPS, PUBLISHED_TG128_TPS
 from .sensitivity import best_under_measured, has_measured, with_imegen
 from .tokens import pick_measured, token_summaries
 
@@ -138,34 +134,36 @@ def ort_panels(res: BenchResult, axes, colors: dict) -> None:
     ax.set_ylabel("modeled ms per call (per ORT Run)")
     ax.set_title(f"Stock ORT {rs[0].stock[1].version.split('+')[0]} riscv64 MatMulNBits\nper Run vs imegen (block {ort_nodes.BLOCK})")
     ax.legend(fontsize=7)
-    w = res.whole
-    if w is None or len(axes) < 3:
-        return
-    for ax, figs, unit in ((axes[1], w.decode, "ms/token"), (axes[2], w.prefill, "tok/s")):
-        paths = list(figs)
-        vals1, vals4 = [], []
-        for path in paths:
-            f = figs[path]
-            t1, t4 = (whole_model.modeled_time(f.counts, f.dram_bytes, n)[0] for n in (1, 4))
-            vals1.append(t1 * 1e3 if unit == "ms/token" else whole_model.PREFILL / t1)
-            vals4.append(t4 * 1e3 if unit == "ms/token" else whole_model.PREFILL / t4)
-        xs = range(len(paths))
-        ax.bar([x - 0.2 for x in xs], vals1, 0.4, color="tab:gray", label="1 core (modeled)")
-        ax.bar([x + 0.2 for x in xs], vals4, 0.4, color="tab:green", label="4 cores, ideal split (modeled)")
-        if unit == "ms/token":
+    if res.whole is not None and len(axes) >= 3:
+        whole_panels(res.whole.rows(), axes[1], axes[2])
+
+
+ENGINE_COLORS = {"stock-ort": "tab:gray", "ort-imegen-matmul": "yellowgreen", "ort-imegen-decoder": "tab:green",
+                 "llama.cpp": "tab:purple"}
+
+
+def whole_panels(rows: list, decode_ax, prefill_ax) -> None:
+    """The whole exporter-form model per engine (report/whole_model.py rows): decode ms/token and prefill
+    tokens/s at each context, MODELED, with the published llama.cpp K1 figures as lines."""
+    contexts = sorted({r.context for r in rows})
+    engines = [e for e in ENGINE_COLORS if any(r.engine == e for r in rows)]
+    width = 0.8 / max(len(engines), 1)
+    for ax, phase in ((decode_ax, "decode"), (prefill_ax, "prefill")):
+        for i, engine in enumerate(engines):
+            vals = [next((r.ms_modeled if phase == "decode" else r.tokens_per_s for r in rows
+                          if r.engine == engine and r.phase == phase and r.context == c), 0.0) for c in contexts]
+            ax.bar([x + (i - (len(engines) - 1) / 2) * width for x in range(len(contexts))], vals, width,
+                   color=ENGINE_COLORS[engine], label=f"{engine} (modeled)")
+        ax.set_xticks(range(len(contexts)), [f"{'cached' if phase == 'decode' else 'prompt'} {c}" for c in contexts])
+        ax.set_yscale("log")
+        if phase == "decode":
             ax.axhline(1000 / PUBLISHED_TG128_TPS, color="tab:blue", ls="--", lw=1,
-                       label=f"published llama.cpp Q4_0 tg128 ({1000 / PUBLISHED_TG128_TPS:.1f} ms)")
-            ax.axhline(PUBLISHED_ORT_MS, color="tab:red", ls=":", lw=1,
-                       label=f"ORT ~{PUBLISHED_ORT_MS:.0f} ms/token (cited in issue 10, unsourced)")
-            ax.set_yscale("log")
-            ax.set_title("Whole Qwen2.5-0.5B model, decode (KV cache 128): modeled ms/token")
+                       label=f"published llama.cpp Q4_0 tg128 on a K1 ({1000 / PUBLISHED_TG128_TPS:.1f} ms)")
+            ax.set_ylabel("ms per token")
+            ax.set_title("Whole Qwen2.5-0.5B (onnxruntime-genai's form), decode: modeled ms/token")
         else:
             ax.axhline(PUBLISHED_PP512_TPS, color="tab:blue", ls="--", lw=1,
-                       label=f"published llama.cpp Q4_0 pp512 ({PUBLISHED_PP512_TPS} tok/s)")
-            ax.set_yscale("log")
-            ax.set_title(f"Whole model, {whole_model.PREFILL}-token prefill: modeled tokens/s")
-        ax.set_xticks(list(xs), [p if p == "stock ORT" or np.isfinite(figs[p].check) else f"{p}\n(composed, not run)"
-                                 for p in paths])
-        ax.set_ylabel(unit)
-        ax.set_ylim(top=3 * max(vals1 + vals4))
+                       label=f"published llama.cpp Q4_0 pp512 on a K1 ({PUBLISHED_PP512_TPS} tok/s)")
+            ax.set_ylabel("tokens per second")
+            ax.set_title("Whole model, prefill: modeled tokens/s")
         ax.legend(fontsize=7, loc="upper left")

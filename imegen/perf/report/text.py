@@ -8,7 +8,7 @@ from ..bench import BenchResult
 from ..count.measure import METHOD
 from ..model import x60
 from ..workload import QWEN25_05B
-from . import llama_cpp, onnxruntime
+from . import llama_cpp, onnxruntime, whole_model
 from .goals import prefill_goal_text, scale_precision_text
 from .kernels import kernel_tables, ratio_table, vtype_note
 from .sensitivity import measured_text
@@ -30,6 +30,12 @@ def report(res: BenchResult, refused_note: bool = True) -> str:
     parts = [
         f"imegen bench: {QWEN25_05B.name} MatMulNBits shapes, int4 asymmetric"
         + (" (--quick subset)" if res.quick else ""),
+    ]
+    if res.whole is not None:  # the whole model first: what a user's model gains
+        parts += [whole_model.report_text(res.whole.rows(), res.whole.version, list(res.whole.accounts))]
+        parts += [res.whole.llama_note] if res.whole.llama_note else []
+        parts += [""]
+    parts += [
         "METHOD: " + METHOD,
         model_text(),
         "",
@@ -54,10 +60,6 @@ def report(res: BenchResult, refused_note: bool = True) -> str:
                   llama_cpp.calibration(list(res.llama))]
     if res.ort:
         parts += ["", onnxruntime.nodes_method_text(list(res.ort)), onnxruntime.nodes_table(res, list(res.ort))]
-    if res.whole is not None:
-        parts += ["", onnxruntime.whole_model_method_text(res.whole),
-                  "Whole model, instructions MEASURED (extrapolated in layers), times MODELED:",
-                  onnxruntime.whole_model_table(res.whole, llama_rows.optimism_factors(list(res.llama)) if res.llama else "")]
     goal = "\n".join(t for t in (prefill_goal_text(res), prefill_goal_text(res, measured=True)) if t)
     if goal:
         parts += ["", goal]
