@@ -77,7 +77,7 @@ class KernelPlan:
     budget: dict
     target: Target
     rvv: object | None = None  # target rvv's part (targets.rvv.kernel.RvvPlan)
-    ime: object | None = None  # target ime's part (targets.ime.asm.ImePlan)
+    ime: object | None = None  # the vmadot targets' part, ime's and ime2's (targets.ime.asm.ImePlan)
     a_block_bytes: int = A_BLOCK_BYTES
     forced_k_chunks: int = 0  # 0: each call picks its K chunks (k_chunks()); n: always n (counting runs)
 

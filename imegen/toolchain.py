@@ -292,7 +292,14 @@ def compile_c(sources: list[Path], out: Path, *, compiler: str = "clang", march:
 
 def compile_ime_emu(out: Path, *, compiler: str = "clang") -> Path:
     """Build runtime/ime_emu.c into object `out` (rv64gc: its C code must not touch V registers)."""
-    return compile_c([RUNTIME_DIR / "ime_emu.c"], out, compiler=compiler, march="rv64gc")
+    return compile_emulator("ime_emu", out, compiler=compiler)
+
+
+def compile_emulator(name: str, out: Path, *, compiler: str = "clang") -> Path:
+    """Build the trap-and-emulate runtime runtime/NAME.c (a Target's `emulator`: ime_emu for the K1's IME,
+    ime2_emu for the K3's IME2) into object `out`, -march=rv64gc: its C code must not touch the V registers
+    it emulates on."""
+    return compile_c([RUNTIME_DIR / f"{name}.c"], out, compiler=compiler, march="rv64gc")
 
 
 def _on_named_ime_harts(ime: bool) -> list[str]:

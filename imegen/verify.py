@@ -97,8 +97,9 @@ def build(plan: KernelPlan, spec_file: str = "<spec>", *, compiler: str = "clang
         for name, text in sources.items():
             (d / name).write_text(text)
         objs: list[Path] = [d / f"{plan.name}.c", d / "driver.c"]
-        if plan.target.needs_ime:
-            objs.append(toolchain.compile_ime_emu(d / "ime_emu.o", compiler=compiler))
+        emulator = plan.target.emulator
+        if emulator:  # the target's matrix instructions trap under QEMU: its emulator runs them
+            objs.append(toolchain.compile_emulator(emulator, d / f"{emulator}.o", compiler=compiler))
         toolchain.compile_c(objs, d / "driver", compiler=compiler, host=host, include_dirs=[d, toolchain.RUNTIME_DIR])
 
     d = cache.entry(plan.name, inputs.key(), fill)

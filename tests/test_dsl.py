@@ -95,7 +95,7 @@ def test_unknown_setting_lists_allowed_keys():
 
 def test_bad_choice_lists_allowed_values():
     assert_error(kernel("bits = 5"), "2:10", "'bits' must be one of: 4, 8", "got 5")
-    assert_error(kernel("target = gpu"), "2:12", "'target' must be one of: ime, rvv, scalar", "'gpu'")
+    assert_error(kernel("target = gpu"), "2:12", "'target' must be one of: ime, ime2, rvv, scalar", "'gpu'")
     assert_error(kernel("block = 48"), "2:11", "16, 32, 64, 128, 256", "48")
     assert_error(kernel("op = gemm", "zero_point = zero"), "3:16", "symmetric, asymmetric", "'zero'")
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from imegen import toolchain
+from imegen import targets, toolchain
 from imegen.cli import main
 from imegen.ir import load_specs
 from imegen.render import march_for
@@ -115,7 +115,7 @@ def test_byte_garbage_is_refused_with_a_position(data):
 
 
 def _compilers(target: str) -> list[str]:
-    return {"scalar": ["clang", "gcc"], "rvv": ["clang"], "ime": ["clang", "gcc"]}[target]  # GCC 12: no RVV intrinsics
+    return list(targets.get(target).compilers)  # GCC 12: no RVV intrinsics, so rvv is clang only
 
 
 @pytest.mark.skipif(bool(toolchain.missing_tools()), reason="needs the cross toolchains and qemu-riscv64")

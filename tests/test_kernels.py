@@ -31,9 +31,10 @@ def kernel_specs(draw, target=None):
     t = targets.get(target)
     compute = draw(st.sampled_from(t.computes))
     op = draw(st.sampled_from(["gemm", "gemv"]))
-    if t.needs_ime:
-        tm = 1 if op == "gemv" else draw(st.sampled_from([4, 8]))
-        tn = draw(st.sampled_from([4, 8, 16]))
+    rows, cols = t.tile_step
+    if t.needs_ime:  # multiples of the vmadot tile (ime 4x4, ime2 8x8)
+        tm = 1 if op == "gemv" else draw(st.sampled_from([rows, 2 * rows]))
+        tn = draw(st.sampled_from([cols, 2 * cols, 4 * cols]))
     else:
         tm = 1 if op == "gemv" else draw(st.integers(1, 4))
         tn = draw(st.sampled_from([4, 8, 16]))
@@ -221,12 +222,14 @@ def test_a_nan_or_inf_in_a_reaches_its_row_of_c(settings):
 def test_a_wrong_layout_is_caught(target):
     """The harness can fail: a kernel whose packer puts nibbles in the wrong place must not pass."""
     compute = {"rvv": "fp32"}.get(target, "int8")  # one of the three computes in fp32
-    spec = specs_from_text(f"kernel broken {{ target = {target}  compute = {compute}  tile = 4x8  panel = 8 }}")[0]
+    t = targets.get(target)
+    spec = specs_from_text(f"kernel broken {{ target = {target}  compute = {compute}  tile = {max(4, t.tile_step[0])}x8  panel = 8 }}")[0]
     plan = plan_kernel(spec)
     wrong = dataclasses.replace(plan, pack=dataclasses.replace(plan.pack, shift="4 - (" + plan.pack.shift + ")"))
     case = make_cases(plan, np.random.default_rng(1), [(5, 9, 70)], exact=True)[0]
-    [good] = run_cases(build(plan), [case])
-    [bad] = run_cases(build(wrong), [case])
+    vlen = t.only_vlen or 256
+    [good] = run_cases(build(plan), [case], vlen=vlen)
+    [bad] = run_cases(build(wrong), [case], vlen=vlen)
     assert compare(plan, case, good, exact=True).ok
     assert not compare(plan, case, bad).ok
 

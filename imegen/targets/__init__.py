@@ -1,4 +1,4 @@
-"""The code-generation targets, one package each (scalar, rvv, ime), and their registry.
+"""The code-generation targets, one package each (scalar, rvv, ime, ime2), and their registry.
 
 The generic pipeline (ir, plan, render, verify, check) asks `get(spec.target)` for whatever depends on
 the target and never compares target names; the DSL's `target` choices are NAMES.
@@ -9,10 +9,11 @@ from __future__ import annotations
 from ..spec import KernelSpec
 from .base import Target
 from .ime import TARGET as IME
+from .ime2 import TARGET as IME2
 from .rvv import TARGET as RVV
 from .scalar import TARGET as SCALAR
 
-ALL: tuple[Target, ...] = (IME, RVV, SCALAR)
+ALL: tuple[Target, ...] = (IME, IME2, RVV, SCALAR)
 NAMES = tuple(t.name for t in ALL)
 _BY_NAME = {t.name: t for t in ALL}
 

@@ -77,8 +77,13 @@ class Target:
     computes: tuple[str, ...] = ("fp32", "int8")  # the DSL's `compute` values it accepts
     host_build: bool = False  # portable C: also built and checked natively, as the reference build
     # executes SpacemiT IME instructions (vmadot): runs only on IME harts; test builds link the emulator QEMU
-    # needs for them (runtime/ime_emu.c)
+    # needs for them (`emulator`)
     needs_ime: bool = False
+    # the SIGILL trap-and-emulate runtime test builds link for its matrix instructions under QEMU: the stem of
+    # runtime/NAME.c, whose NAME.h declares imegen_NAME_install() and imegen_NAME_count() (None: no emulator)
+    emulator: str | None = None
+    # tile rows (when more than one) and columns come in multiples of these: the matrix instruction's output tile
+    tile_step: tuple[int, int] = (1, 1)
     intrinsics_required: bool = False  # cannot build without riscv_vector.h (else only helpers use it)
     plan_part: str | None = None  # the KernelPlan field its lowering fills (KernelPlan.rvv, KernelPlan.ime)
     # DSL settings only this target offers -> why a spec cannot have their non-default value (None: it can);

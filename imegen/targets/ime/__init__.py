@@ -72,6 +72,6 @@ class ImeTarget(Target):
 TARGET = ImeTarget(
     name="ime", title="IME", micro_template="micro_ime.c.j2", march="rv64gcv", compilers=("clang", "gcc"), vector=True,
     computes=("int8",),
-    needs_ime=True, plan_part="ime", only_vlen=rules.IME_VLEN,
+    needs_ime=True, emulator="ime_emu", tile_step=(4, 4), plan_part="ime", only_vlen=rules.IME_VLEN,
     options={"stage_b": rules.staged_b_refusal, "spread": rules.spread_refusal, "a_scale_type": rules.a_fp16_refusal},
     fallback_refusal="a fallback kernel runs where no IME hart is reachable, so its target must be rvv or scalar")

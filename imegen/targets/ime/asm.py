@@ -58,6 +58,10 @@ class ImePlan:
     stage: tuple[AsmOp, ...] = ()
     stage_block_bytes: int = 0
     stage_index: tuple[int, ...] = ()
+    # The vmadot tile's geometry in the A workspace: k values per step and bytes per A tile (the K1's 4 rows
+    # x 8 k; target ime2 fills its own, 8 rows x 16 k), which templates/prepare_a_int8.c.j2's qa_tile walks.
+    k_step: int = 8
+    a_tile_bytes: int = 32
 
     @property
     def whole_k(self) -> bool:

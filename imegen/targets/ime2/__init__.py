@@ -1,4 +1,58 @@
-"""SpacemiT IME2 (the K3's A100 cores, VLEN 1024, `XSMTVDotII`): instruction encodings (encoding.py).
+"""target ime2: SpacemiT IME2 (the K3's A100 cores, VLEN 1024, `XSMTVDotII`): int8 vmadot on 8x16x8 tiles in
+an inline asm statement, the words from encoding.py. A quantized per block (MLAS CompInt8), 4-bit B unpacked
+to int8 in the kernel. rules.py decides what a kernel can be, layout.py where its A and B live, kernel.py its
+asm statement; templates/micro_ime2.c.j2 places it and folds the block in C. docs/ime2-isa.md §10."""
 
-Not a code-generation target yet: nothing registers it in imegen.targets. docs/ime2-isa.md has the
-facts these modules rely on."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...spec import KernelSpec
+from ..base import Refuse, Target
+from . import layout, rules
+from .kernel import ime2_plan
+
+
+class Ime2Target(Target):
+    def mlas_refusal(self, spec: KernelSpec) -> tuple[str, str] | None:
+        return "abi", ("target ime2 has no MLAS dispatch: MLAS's CompInt8 kernels are routed to IME only on the K1; "
+                       "use abi = imegen")
+
+    def validate(self, spec: KernelSpec, refuse: Refuse) -> KernelSpec:
+        rules.validate(spec, refuse)
+        return replace(spec, vlen=rules.IME2_VLEN)
+
+    def register_budget(self, spec: KernelSpec) -> dict[str, int]:
+        return rules.register_budget(spec)
+
+    def accepts_vlen(self, spec: KernelSpec, vlen: int) -> bool:
+        return vlen == rules.IME2_VLEN
+
+    def vlen_need(self, spec: KernelSpec) -> str:
+        return f"VLEN = {spec.vlen}"
+
+    def supported_body(self, spec: KernelSpec) -> tuple[str, ...]:
+        return ("size_t vlenb;", '__asm__("csrr %0, vlenb" : "=r"(vlenb));',
+                f"return vlenb == {spec.vlen // 8}; /* vmadot's 8x16x8 tile (the A100) */")
+
+    def pack_codes(self, spec: KernelSpec) -> tuple[str, str]:
+        return layout.pack_codes(spec)
+
+    def a_index(self, spec: KernelSpec) -> tuple[str, int, int]:
+        return layout.a_index(spec)
+
+    def a_chunk_stride(self, spec: KernelSpec) -> int | None:
+        return layout.a_chunk_stride(spec)
+
+    def quantize_lmul(self, spec: KernelSpec) -> int:
+        return layout.quantize_lmul(spec)
+
+    def lower(self, spec: KernelSpec, pack):
+        return ime2_plan(spec, pack)
+
+
+TARGET = Ime2Target(
+    name="ime2", title="IME2", micro_template="micro_ime2.c.j2", march="rv64gcv", compilers=("clang", "gcc"),
+    vector=True, computes=("int8",), needs_ime=True, emulator="ime2_emu",
+    tile_step=(rules.TILE_ROWS, rules.TILE_COLUMNS), plan_part="ime", only_vlen=rules.IME2_VLEN,
+    fallback_refusal="a fallback kernel runs where no IME hart is reachable, so its target must be rvv or scalar")

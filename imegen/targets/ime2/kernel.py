@@ -1,0 +1,170 @@
+"""The asm statement of an IME2 tile and block (templates/micro_ime2.c.j2 places it): the int32 accumulators
+zeroed, the k loop (A tiles, B tiles unpacked from 4 bits, vmadotsu), and the accumulators stored for the C
+fold, which scales them and corrects the zero points. The simplest correct form: one asm statement per
+(tile, block), the fold in C (docs/ime2-isa.md §10.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...spec import KernelSpec
+from ..base import VECTOR_REGISTERS
+from ..ime.asm import MAX_UNROLLED_ITERATIONS, AsmOp, ImePlan, acc_groups, zero_accumulators
+from .encoding import encode_vmadot, mnemonic
+from .rules import A_TILE_BYTES, K_STEP, SLIDES, a_registers, tiles
+
+# A signed int8 codes x B's raw unsigned codes (0..15 or 0..255): the C fold subtracts zp * sum(a).
+SIGNEDNESS = "su"
+ENTRY_VTYPE = "vsetvli t0, zero, e8, m1, ta, ma"  # vmadot: LMUL 1, vl = VLMAX (docs/ime2-isa.md §5)
+GEMV_SLIDE_BYTES = SLIDES * K_STEP  # A bytes between a gemv row's consecutive A loads
+
+
+@dataclass(frozen=True)
+class Registers:
+    acc: tuple[tuple[int, ...], ...]  # [mi][ni] -> even vd of the int32 accumulator pair
+    a: list  # gemm: [k-step][mi]; gemv: [load] (an even pair when slides read it)
+    raw: list[list[int]]  # [group][ni]: B as loaded (4-bit: its high nibbles after the unpack)
+    low: list[list[int]] | None  # [group][ni]: 4-bit low nibbles
+    used: int  # v0..v(used - 1)
+
+
+def b_groups(spec: KernelSpec) -> int:
+    """B loads per iteration: one 128-byte register per B tile holds one 16-k step (8-bit) or two (4-bit)."""
+    return spec.k_unroll // 2 if spec.bits == 4 else spec.k_unroll
+
+
+def grouped(first: int, n: int) -> bool:
+    """Is v{first}.. an aligned register group of n (one LMUL-n instruction, or one whole-register load)?"""
+    return n in (2, 4, 8) and first % n == 0
+
+
+def allocate(spec: KernelSpec) -> Registers:
+    """Upwards from v0: accumulator pairs, A, then per B group its raw and (4-bit) low-nibble registers,
+    each run aligned to its size where the registers allow (one load and one unpack per run), else packed."""
+    aligned = _allocate(spec, align=True)
+    return aligned if aligned.used <= VECTOR_REGISTERS else _allocate(spec, align=False)
+
+
+def _allocate(spec: KernelSpec, align: bool) -> Registers:
+    ma, na = tiles(spec)
+    acc = tuple(tuple(2 * (mi * na + ni) for ni in range(na)) for mi in range(ma))
+    first_a = 2 * ma * na  # even: a gemv pair starts on an even register
+    if spec.tile_m == 1:
+        step = 1 if spec.k_unroll == 1 else 2
+        a: list = [first_a + step * q for q in range(a_registers(spec) // step)]
+    else:
+        a = [[first_a + k * ma + mi for mi in range(ma)] for k in range(spec.k_unroll)]
+    nxt = first_a + a_registers(spec)
+
+    def run() -> list[int]:
+        nonlocal nxt
+        if align and grouped(0, na):
+            nxt = -(-nxt // na) * na
+        first, nxt = nxt, nxt + na
+        return [first + ni for ni in range(na)]
+
+    groups = b_groups(spec)
+    raw = [run() for _ in range(groups)]
+    low = [run() for _ in range(groups)] if spec.bits == 4 else None
+    return Registers(acc, a, raw, low, nxt)
+
+
+def _load(reg: int, ptr: str, offset: int, what: str, n: int = 1) -> list[AsmOp]:
+    """Whole-register load(s) of n registers from ptr + offset (no vtype needed)."""
+    if not offset:
+        return [AsmOp("vle8", f"vl{n}re8.v v{reg}, ({ptr})", what)]
+    return [AsmOp("addi", f"addi t1, {ptr}, {offset}"), AsmOp("vle8", f"vl{n}re8.v v{reg}, (t1)", what)]
+
+
+def _load_a(spec: KernelSpec, r: Registers) -> list[AsmOp]:
+    if spec.tile_m == 1:
+        return [op for q, reg in enumerate(r.a) for op in _load(
+            reg, "%[a]", q * GEMV_SLIDE_BYTES, f"A row, k-steps {SLIDES * q}.. (row 0 of vmadot .. vmadot3)")]
+    ma, _ = tiles(spec)
+    first, n = r.a[0][0], spec.k_unroll * ma  # the iteration's A tiles lie back to back in the workspace
+    if grouped(first, n):
+        return _load(first, "%[a]", 0, f"A: {spec.k_unroll} k-steps x {ma} tiles, v{first}-v{first + n - 1}", n)
+    return [op for k in range(spec.k_unroll) for mi in range(ma) for op in _load(
+        r.a[k][mi], "%[a]", (k * ma + mi) * A_TILE_BYTES, f"A rows {8 * mi}..{8 * mi + 7}, k-step {k}")]
+
+
+def _load_b(spec: KernelSpec, r: Registers, g: int) -> list[AsmOp]:
+    """Group g's B tiles (the panel's B tiles of one k group lie back to back): one whole-register load per
+    aligned run, else one per register; 4-bit codes split into low (k-step 2g) and high (2g + 1) nibbles."""
+    raw, low, na = r.raw[g], (r.low[g] if r.low else None), len(r.raw[g])
+    whole = grouped(raw[0], na) and (low is None or grouped(low[0], na))
+    ops: list[AsmOp] = []
+    for ni, n in [(0, na)] if whole else [(ni, 1) for ni in range(na)]:
+        ops += _load(raw[ni], "%[b]", ni * A_TILE_BYTES, f"B cols {8 * ni}..{8 * (ni + n) - 1}, group {g}", n)
+        if low is not None:
+            if n > 1:
+                ops.append(AsmOp("vset", f"vsetvli t0, zero, e8, m{n}, ta, ma", "unpack the run at once"))
+            ops += [AsmOp("vand", f"vand.vi v{low[ni]}, v{raw[ni]}, 15", "low nibbles: the first 16-k step"),
+                    AsmOp("vsrl", f"vsrl.vi v{raw[ni]}, v{raw[ni]}, 4", "high nibbles: the second")]
+            if n > 1:
+                ops.append(AsmOp("vset", ENTRY_VTYPE, "back to vmadot's vtype"))
+    ops.append(AsmOp("add", "add %[b], %[b], %[bstride]", "the panel's next k group"))
+    return ops
+
+
+def _vmadots(spec: KernelSpec, r: Registers) -> list[AsmOp]:
+    ops = []
+    for k in range(spec.k_unroll):
+        g, high = (k // 2, k % 2) if spec.bits == 4 else (k, 0)
+        for mi, row in enumerate(r.acc):
+            vs1, slide = (r.a[k // SLIDES], k % SLIDES) if spec.tile_m == 1 else (r.a[k][mi], 0)
+            for ni, vd in enumerate(row):
+                vs2 = r.raw[g][ni] if (spec.bits == 8 or high) else r.low[g][ni]
+                word = encode_vmadot(vd, vs1, vs2, signedness=SIGNEDNESS, slide=slide)
+                ops.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic(SIGNEDNESS, slide=slide)} v{vd}, v{vs1}, v{vs2}"))
+    return ops
+
+
+def a_step(spec: KernelSpec) -> int:
+    """Bytes the A pointer advances per iteration."""
+    ma, _ = tiles(spec)
+    return spec.k_unroll * K_STEP if spec.tile_m == 1 else spec.k_unroll * ma * A_TILE_BYTES
+
+
+def loop_body(spec: KernelSpec, r: Registers) -> tuple[AsmOp, ...]:
+    ops = _load_a(spec, r)
+    for g in range(b_groups(spec)):
+        ops += _load_b(spec, r, g)
+    ops += _vmadots(spec, r)
+    ops.append(AsmOp("addi", f"addi %[a], %[a], {a_step(spec)}"))
+    return tuple(ops)
+
+
+def store_accumulators(n_regs: int) -> tuple[AsmOp, ...]:
+    """The int32 accumulators v0..v(n_regs - 1) to %[dots], whole registers: pair (mi, ni) lands as its 8x8
+    tile row-major (rows 0-3 in vd, 4-7 in vd + 1) at int32 (mi * na + ni) * 64."""
+    ops = []
+    for first, g in acc_groups(n_regs):
+        ops += _store(first, g)
+    return tuple(ops)
+
+
+def _store(first: int, g: int) -> list[AsmOp]:
+    what = f"int32 dots v{first}-v{first + g - 1}"
+    if not first:
+        return [AsmOp("vse8", f"vs{g}r.v v{first}, (%[dots])", what)]
+    return [AsmOp("addi", f"addi t1, %[dots], {first * A_TILE_BYTES}"), AsmOp("vse8", f"vs{g}r.v v{first}, (t1)", what)]
+
+
+def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
+    """The asm statement of a (tile, block): pack is the kernel's packed-B layout (plan.PackLayout)."""
+    ma, na = tiles(spec)
+    r = allocate(spec)
+    iterations = spec.block // (K_STEP * spec.k_unroll)
+    b_stride = spec.panel * K_STEP  # a panel's B tiles for one k group (16 k of 8-bit codes, 32 of 4-bit)
+    acc_zero = (*zero_accumulators(2 * ma * na, on_vfp=False), AsmOp("vset", ENTRY_VTYPE, "vmadot: e8, LMUL 1, vl = 128"))
+    return ImePlan(
+        ma=ma, na=na, acc_regs=r.acc, prologue=(), body=loop_body(spec, r), fold=store_accumulators(2 * ma * na),
+        iterations_per_block=iterations, a_bytes_per_iteration=a_step(spec), b_stride=b_stride,
+        b_walk=iterations * b_groups(spec) * b_stride, clobbers=tuple(f"v{x}" for x in range(r.used)),
+        vmadots_per_tile_block=(spec.block // K_STEP) * ma * na,
+        facc_floats=spec.tile_m * spec.tile_n, facc_at=f"i * {spec.tile_n} + j",
+        acc_zero=acc_zero, unrolled=iterations <= MAX_UNROLLED_ITERATIONS, entry_vset=False,
+        k_step=K_STEP, a_tile_bytes=A_TILE_BYTES)
+

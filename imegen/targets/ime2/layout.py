@@ -1,0 +1,66 @@
+"""Where IME2 kernels keep packed B and quantized A: in the order vmadot reads them at VLEN 1024, 128-byte
+tiles of 8 rows (A) or 8 columns (B) x 16 k, row after row (docs/ime2-isa.md §2, §10.2).
+
+4-bit B keeps 32 k of a column in its tile's 16 bytes: the kernel's vand gives one 16-k step, its vsrl the
+next. Which k each nibble holds (`unpack`) decides A's k order: planar keeps k in order, interleaved (ORT's
+own byte order) puts the even k of each 32 in the first step and the odd k in the second.
+"""
+
+from __future__ import annotations
+
+from ...spec import KernelSpec
+from .rules import A_TILE_BYTES, K_STEP, TILE_COLUMNS, TILE_ROWS, tiles
+
+
+def pack_codes(spec: KernelSpec) -> tuple[str, str]:
+    """(byte, shift) of code (c, kk) in a packed-B chunk: per k group (16 k for 8-bit codes, 32 for 4-bit) the
+    panel's B tiles side by side, column c's 16 bytes at (c % 8) * 16 in tile c / 8 (byte 16 j + k is B[k][j])."""
+    np_ = spec.panel
+    tile = f"(c / {TILE_COLUMNS}) * {A_TILE_BYTES} + (c % {TILE_COLUMNS}) * {K_STEP}"
+    group = f"{np_ * K_STEP}"  # bytes of one k group across the panel
+    if spec.bits == 8:
+        return f"(kk / 16) * {group} + {tile} + kk % 16", "0"
+    if spec.unpack == "planar":  # byte j: k = j (low nibble), k = j + 16 (high): vand/vsrl give k 0-15, 16-31
+        return f"(kk / 32) * {group} + {tile} + kk % 16", "((kk % 32) / 16) * 4"
+    # interleaved = ORT's order: byte j holds k = 2j (low), 2j + 1 (high)
+    return f"(kk / 32) * {group} + {tile} + (kk % 32) / 2", "(kk % 2) * 4"
+
+
+def _a_position(spec: KernelSpec) -> str:
+    """C expr in k: where A's k goes in its row, so that A's k-step order matches the unpacked B (pack_codes)."""
+    if spec.bits == 8 or spec.unpack == "planar":
+        return "k"
+    return "(k / 32) * 32 + (k % 2) * 16 + (k % 32) / 2"
+
+
+# Bytes a gemv row's loads read past its last k: one whole-register A load (128 bytes) feeds up to SLIDES
+# k-steps from wherever it starts, at the latest the row's final 16 bytes.
+GEMV_TAIL = A_TILE_BYTES - K_STEP
+
+
+def a_index(spec: KernelSpec) -> tuple[str, int, int]:
+    """(C expr in m, k, Kpad: A[m][k]'s byte in the workspace; rows padded to; tail bytes)."""
+    pos = _a_position(spec)
+    if spec.tile_m == 1:  # gemv: the row's k in order; a load at k-step s feeds vmadot (s) .. vmadot3 (s + 3)
+        return f"m * (Kpad + {GEMV_TAIL}) + {pos}", 1, GEMV_TAIL
+    ma, _ = tiles(spec)
+    # [row tile][16-k step][A tile mi][8 rows x 16 k]
+    expr = (f"(((m / {spec.tile_m}) * (Kpad / {K_STEP}) + ({pos}) / {K_STEP}) * {ma} + (m % {spec.tile_m}) / {TILE_ROWS})"
+            f" * {A_TILE_BYTES} + (m % {TILE_ROWS}) * {K_STEP} + ({pos}) % {K_STEP}")
+    return expr, spec.tile_m, 0
+
+
+def a_chunk_stride(spec: KernelSpec) -> int | None:
+    """gemv rows keep k in order (8-bit or planar B), contiguous: the vector A quantizer stores a whole block
+    with one unit-stride store (8: chunks back to back). gemm tiles interleave rows every 16 k (no single
+    stride), so their codes are copied one by one."""
+    if spec.tile_m != 1 or spec.block < 32 or (spec.bits == 4 and spec.unpack != "planar"):
+        return None
+    return 8
+
+
+def quantize_lmul(spec: KernelSpec) -> int:
+    """LMUL of the A quantizer's fp32 groups: at VLEN 1024 an LMUL-4 group holds 128 floats and an LMUL-8
+    one 256, so a block takes one pass of its loops (quantize_block_to's int8 types need LMUL 4 or 8)."""
+    return 8 if spec.block > 128 else 4
+

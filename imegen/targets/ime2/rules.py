@@ -1,0 +1,58 @@
+"""IME2's rules: what an A100 vmadot kernel can be (the DSL refusals of its own settings) and its vector
+register budget. docs/ime2-isa.md §10 lists them with their reasons."""
+
+from __future__ import annotations
+
+from ...spec import KernelSpec
+from ..base import Refuse, refuse_k_step
+
+IME2_VLEN = 1024  # the A100's fixed VLEN: vmadot's int8 tile is 8 x 16 x 8 there and nowhere else
+TILE_ROWS = 8  # rows of A (and of C) one vmadot multiplies
+TILE_COLUMNS = 8  # columns of B (and of C)
+K_STEP = 16  # int8 k values per vmadot: 16 bytes of each A row and B column
+A_TILE_BYTES = TILE_ROWS * K_STEP  # one vector register at VLEN 1024: 128 bytes
+SLIDES = 4  # vmadot, vmadot1, vmadot2, vmadot3: k-steps one A register feeds a gemv row
+
+
+def tiles(spec: KernelSpec) -> tuple[int, int]:
+    """(A tiles down the output tile, B tiles across): a gemv row uses one A tile's row 0."""
+    return max(1, spec.tile_m // TILE_ROWS), spec.tile_n // TILE_COLUMNS
+
+
+def validate(spec: KernelSpec, refuse: Refuse) -> None:
+    """Refuse what an A100 cannot run as this target generates it (int8 vmadot, 4-bit B unpacked to int8)."""
+    if spec.compute != "int8":
+        refuse("compute", "vmadot multiplies int8 operands; target ime2 needs compute = int8 (A quantized per block, "
+               "4-bit B unpacked to int8); use rvv or scalar for fp32")
+    if spec.vlen not in (None, IME2_VLEN):
+        refuse("vlen", f"IME2's 8x16x8 int8 vmadot tile exists only at VLEN = {IME2_VLEN} (the K3's A100 cores), "
+               f"not {spec.vlen}")
+    if spec.tile_n % TILE_COLUMNS:
+        refuse("tile", f"tile width {spec.tile_n} is not a multiple of vmadot's {TILE_COLUMNS} output columns (IME2)")
+    if spec.tile_m != 1 and spec.tile_m % TILE_ROWS:
+        refuse("tile", f"tile height {spec.tile_m} is neither 1 (gemv, one live row) nor a multiple of vmadot's "
+               f"{TILE_ROWS} rows (IME2)")
+    if spec.bits == 4 and spec.k_unroll % 2:
+        refuse("k_unroll", "4-bit IME2 needs an even k_unroll: one 128-byte B register unpacks into two 16-k "
+               "vmadot steps (low nibbles, high nibbles)")
+    refuse_k_step(spec, refuse, K_STEP, f"{K_STEP}*k_unroll")
+
+
+def a_registers(spec: KernelSpec) -> int:
+    """A registers of one loop iteration: gemm, one per (k-step, A tile); gemv, an even pair per 4 k-steps
+    (vmadot1..3 read vs1 + 1 too), or one when no slide runs (k_unroll 1)."""
+    if spec.tile_m == 1:
+        return 1 if spec.k_unroll == 1 else 2 * -(-spec.k_unroll // SLIDES)
+    return tiles(spec)[0] * spec.k_unroll
+
+
+def b_registers(spec: KernelSpec) -> int:
+    """B registers of one loop iteration: 8-bit, one per (k-step, B tile); 4-bit, per two k-steps and B tile
+    the raw codes (their high nibbles after the unpack) and the low nibbles: the same count."""
+    return tiles(spec)[1] * spec.k_unroll
+
+
+def register_budget(spec: KernelSpec) -> dict[str, int]:
+    """Vector registers the k loop keeps live, by class (the fold runs in C on the stored int32 dots)."""
+    ma, na = tiles(spec)
+    return {"int32 accumulators": 2 * ma * na, "A tiles": a_registers(spec), "B tiles": b_registers(spec)}
