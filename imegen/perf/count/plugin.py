@@ -167,8 +167,9 @@ def parse_output(text: str) -> PluginRun:
 
 def run_counted(exe: Path, args: list[str], ranges: list[tuple[int, int, str]], *,
                 begin: int | None = None, end: int | None = None, vlen: int = 256,
-                beat_bytes: int = 16, timeout: float = 600) -> PluginRun:
-    """Run `exe` under qemu-riscv64 with the plugin; return its counts."""
+                beat_bytes: int = 16, timeout: float = 600, guest_env: dict[str, str] | None = None) -> PluginRun:
+    """Run `exe` under qemu-riscv64 with the plugin; return its counts. guest_env: variables set in the
+    program's environment only (QEMU's -E)."""
     so = ensure_plugin()
     with tempfile.TemporaryDirectory() as tmp:
         rfile, ofile = Path(tmp) / "ranges.txt", Path(tmp) / "counts.txt"
@@ -177,6 +178,7 @@ def run_counted(exe: Path, args: list[str], ranges: list[tuple[int, int, str]], 
         if begin is not None:
             spec += f",begin={begin:x},end={end:x}"
         cmd = [toolchain.QEMU, "-plugin", spec, "-L", str(toolchain.SYSROOT), "-cpu", toolchain.qemu_cpu(vlen),
+               *(a for k, v in (guest_env or {}).items() for a in ("-E", f"{k}={v}")),
                str(Path(exe).resolve()), *args]
         try:
             proc = subprocess.run(cmd, capture_output=True, timeout=timeout)
