@@ -53,7 +53,8 @@ CONFIGS = [
     "op = gemm  tile = 16x8  panel = 8  k_unroll = 4  bits = 4  unpack = interleaved  zero_point = asymmetric  block = 64",
     "op = gemm  tile = 8x24  panel = 24  k_unroll = 1  bits = 8  block = 16  zero_point = asymmetric  bias = yes",
     "op = gemm  tile = 8x8  panel = 16  bits = 8  block = 256  k_unroll = 8  scales = separate  scale_type = fp16",
-    "op = gemv  tile = 1x16  k_unroll = 8  block = 128",  # two A loads per iteration: slides 0..3 on each
+    "op = gemm  tile = 16x16  k_unroll = 4  block = 64  zero_point = asymmetric  scale_type = fp16",
+    "op = gemv  tile = 1x16  k_unroll = 8  block = 128  scale_type = fp16",  # two A loads per iteration: slides 0..3 on each
     "op = gemv  tile = 1x8  panel = 8  k_unroll = 1  bits = 8  block = 16  zero_point = asymmetric  scale_type = fp16",
     "op = gemv  tile = 1x32  panel = 32  k_unroll = 4  block = 64  unpack = interleaved  zero_point = asymmetric  bias = yes",
 ]
@@ -104,6 +105,40 @@ def test_random_valid_configs_match_numpy(data):
     [result] = run_cases(build(plan, FILE, compiler=data.draw(st.sampled_from(["clang", "gcc"]))), [case], vlen=VLEN)
     c = compare(plan, case, result, exact=exact)
     assert c.ok, f"{spec.describe()} M,N,K={M},{N},{K} exact={exact}: {c.message}"
+
+
+@pytest.mark.parametrize("settings, shape", [
+    ("op = gemm  tile = 8x16  zero_point = asymmetric", (90, 9, 8192)),  # 40-row M blocks: two whole, one partial
+    ("op = gemv  tile = 1x16  bits = 8  k_unroll = 4  block = 64", (3, 40, 8192)),
+])
+def test_several_m_blocks_and_k_chunks(settings, shape):
+    """A's workspace holds the rows of one M block (3/4 of the L2) per K chunk; blocks after the first
+    re-quantize into the same memory, and later K chunks add to C."""
+    plan = plan_kernel(spec_of(settings))
+    [case] = make_cases(plan, np.random.default_rng(6), [shape], exact=False)
+    for compiler in ("clang", "gcc"):
+        [result] = run_cases(build(plan, FILE, compiler=compiler), [case], vlen=VLEN)
+        assert compare(plan, case, result).ok, compiler
+
+
+@pytest.mark.parametrize("op", ["gemm", "gemv"])
+def test_a_nan_or_inf_in_a_reaches_its_row_of_c(op):
+    """Dequantize-then-matmul makes a row of C NaN (non-finite for an inf) when its row of A holds one; the
+    other rows are untouched."""
+    plan = plan_kernel(spec_of("op = gemm  tile = 8x8  panel = 8" if op == "gemm" else "op = gemv  tile = 1x16"))
+    M = 5 if op == "gemm" else 1
+    [clean] = make_cases(plan, np.random.default_rng(2), [(M, 20, 2 * plan.spec.block + 7)], exact=False)
+    bad = []
+    for value in (np.nan, np.inf, -np.inf):
+        A = clean.A.copy()
+        A[M - 1, plan.spec.block + 3] = value
+        bad.append(dataclasses.replace(clean, A=A))
+    ok, *runs = run_cases(build(plan, FILE), [clean, *bad], vlen=VLEN)
+    assert compare(plan, clean, ok).ok
+    for value, r in zip(("nan", "inf", "-inf"), runs):
+        row = r.C[M - 1]
+        assert r.status == 0 and (np.isnan(row).all() if value == "nan" else not np.isfinite(row).any()), (value, row)
+        assert np.array_equal(r.C[:M - 1], ok.C[:M - 1]), value
 
 
 # --- the vmadot count is the plan's --------------------------------------------------------------------

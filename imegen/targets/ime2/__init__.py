@@ -1,7 +1,8 @@
 """target ime2: SpacemiT IME2 (the K3's A100 cores, VLEN 1024, `XSMTVDotII`): int8 vmadot on 8x16x8 tiles in
 an inline asm statement, the words from encoding.py. A quantized per block (MLAS CompInt8), 4-bit B unpacked
 to int8 in the kernel. rules.py decides what a kernel can be, layout.py where its A and B live, kernel.py its
-asm statement; templates/micro_ime2.c.j2 places it and folds the block in C. docs/ime2-isa.md §10."""
+asm statement; templates/micro_ime2.c.j2 places it and folds the block after it (RVV intrinsics where the
+compiler has them). docs/ime2-isa.md §10."""
 
 from __future__ import annotations
 

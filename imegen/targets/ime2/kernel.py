@@ -1,7 +1,7 @@
 """The asm statement of an IME2 tile and block (templates/micro_ime2.c.j2 places it): the int32 accumulators
-zeroed, the k loop (A tiles, B tiles unpacked from 4 bits, vmadotsu), and the accumulators stored for the C
-fold, which scales them and corrects the zero points. The simplest correct form: one asm statement per
-(tile, block), the fold in C (docs/ime2-isa.md §10.3).
+zeroed, the k loop (A tiles, B tiles unpacked from 4 bits, vmadotsu), and the accumulators stored for the
+fold after it, which scales them and corrects the zero points. The simplest correct form: one asm statement
+per (tile, block), the fold in C with RVV intrinsics where the compiler has them (docs/ime2-isa.md §10.3).
 """
 
 from __future__ import annotations
@@ -152,6 +152,18 @@ def _store(first: int, g: int) -> list[AsmOp]:
     return [AsmOp("addi", f"addi t1, %[dots], {first * A_TILE_BYTES}"), AsmOp("vse8", f"vs{g}r.v v{first}, (t1)", what)]
 
 
+def dot_at(spec: KernelSpec) -> str:
+    """C expr in i, j: where output (i, j)'s int32 dot lies in the stored accumulators (store_accumulators)."""
+    _, na = tiles(spec)
+    return f"((i / 8) * {na} + j / 8) * 64 + (i % 8) * 8 + j % 8"
+
+
+def facc_at(spec: KernelSpec) -> str:
+    """C expr in i, j: where output (i, j) accumulates in the tile's fp32 accumulators: a gemv row's TN
+    side by side; a gemm tile's in the dots' own layout, so that the vector fold runs over both at once."""
+    return "j" if spec.tile_m == 1 else dot_at(spec)
+
+
 def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
     """The asm statement of a (tile, block): pack is the kernel's packed-B layout (plan.PackLayout)."""
     ma, na = tiles(spec)
@@ -164,7 +176,7 @@ def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
         iterations_per_block=iterations, a_bytes_per_iteration=a_step(spec), b_stride=b_stride,
         b_walk=iterations * b_groups(spec) * b_stride, clobbers=tuple(f"v{x}" for x in range(r.used)),
         vmadots_per_tile_block=(spec.block // K_STEP) * ma * na,
-        facc_floats=spec.tile_m * spec.tile_n, facc_at=f"i * {spec.tile_n} + j",
+        facc_floats=spec.tile_n if spec.tile_m == 1 else ma * na * 64, facc_at=facc_at(spec),
         acc_zero=acc_zero, unrolled=iterations <= MAX_UNROLLED_ITERATIONS, entry_vset=False,
         k_step=K_STEP, a_tile_bytes=A_TILE_BYTES)
 

@@ -53,6 +53,6 @@ def b_registers(spec: KernelSpec) -> int:
 
 
 def register_budget(spec: KernelSpec) -> dict[str, int]:
-    """Vector registers the k loop keeps live, by class (the fold runs in C on the stored int32 dots)."""
+    """Vector registers the k loop keeps live, by class (the fold runs after the asm, on the stored int32 dots)."""
     ma, na = tiles(spec)
     return {"int32 accumulators": 2 * ma * na, "A tiles": a_registers(spec), "B tiles": b_registers(spec)}
