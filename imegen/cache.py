@@ -249,5 +249,14 @@ class Inputs:
         return h.hexdigest()[:16]
 
 
+def sha256_hex(*chunks: bytes) -> str:
+    """The SHA-256 of the chunks, concatenated, in hex: for digests of in-memory data that become parts of a key
+    (key() itself digests files, strings and tools)."""
+    h = hashlib.sha256()
+    for c in chunks:
+        h.update(c)
+    return h.hexdigest()
+
+
 def key(*, files: Iterable[Path] = (), strings: Iterable[str] = (), tools: Iterable[str] = ()) -> str:
     return Inputs(tuple(files), tuple(strings), tuple(tools)).key()

@@ -33,7 +33,6 @@ Stages (frozen dataclasses between them):
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import re
 import tempfile
@@ -44,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .... import cache
 from ...model import x60
 from . import run_counts
 from .nodes import mean_counts, modeled_time
@@ -159,6 +159,16 @@ def _bias_pairs(graph, consumers) -> list[tuple]:
     return out
 
 
+def _bias_taken(pair: tuple, engine_graph) -> bool:
+    """Whether the engine runs a bias pair of the model as one node: ORT fuses it where the MatMulNBits stayed
+    com.microsoft; imegen ort-accelerate folded the Add into its MatMulNBits in the file (the Add is gone)."""
+    mm, add = pair
+    nodes = {n.name: n for n in engine_graph.node}
+    if mm.name not in nodes:
+        return False
+    return add.name not in nodes or nodes[mm.name].domain == MS
+
+
 def category_of(nodes) -> str:
     ops = [n.op_type for n in nodes]
     if "MatMulNBits" in ops:
@@ -172,16 +182,14 @@ def category_of(nodes) -> str:
 
 def partition(model, engine_model) -> list[Unit]:
     """Every node of `model` (genai's form, not rewritten) in exactly one Unit as ORT runs `engine_model` (the
-    model as an engine rewrote it: only its com.microsoft MatMulNBits take their bias Add in), graph order."""
+    model as an engine rewrote it: a MatMulNBits and its bias Add are one unit where ORT fuses them or the file
+    folded them, _bias_taken), graph order."""
     graph = model.graph
     layers = layer_count(model)
     consumers = _consumers(graph)
     folded = folded_nodes(graph)
     groups = list(_silu_triples(graph, consumers))
-    names = {n.name for n in graph.node}
-    groups += [tuple(n for n in graph.node if n.name in {mm.name, add.name})
-               for mm, add in _bias_pairs(engine_model.graph, _consumers(engine_model.graph))
-               if {mm.name, add.name} <= names]
+    groups += [pair for pair in _bias_pairs(graph, consumers) if _bias_taken(pair, engine_model.graph)]
     group_of = {n.name: g for g in groups for n in g}
     units, seen = [], set()
     for n in graph.node:
@@ -388,11 +396,11 @@ def _feed(name: str, t: Tensor, types: Types, rng, index_bound: int | None) -> n
 
 
 def _digest(model, feeds: dict, wanted) -> str:
-    h = hashlib.sha256(model.SerializeToString(deterministic=True))
+    chunks = [model.SerializeToString(deterministic=True)]
     for k in sorted(feeds):
-        h.update(k.encode() + str(feeds[k].dtype).encode() + repr(feeds[k].shape).encode() + feeds[k].tobytes())
-    h.update(repr(tuple(wanted)).encode())
-    return h.hexdigest()[:32]
+        chunks.append(k.encode() + str(feeds[k].dtype).encode() + repr(feeds[k].shape).encode() + feeds[k].tobytes())
+    chunks.append(repr(tuple(wanted)).encode())
+    return cache.sha256_hex(*chunks)[:32]
 
 
 def unit_model(engine_model, unit: Unit, types: Types, phase: Phase, last_row_only: bool = False) -> UnitModel:
@@ -408,7 +416,7 @@ def unit_model(engine_model, unit: Unit, types: Types, phase: Phase, last_row_on
     inits = {t.name: t for t in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
     folded = folded_nodes(graph)
-    rng = np.random.default_rng([SEED, int(hashlib.sha256(repr(unit.nodes).encode()).hexdigest()[:8], 16)])
+    rng = np.random.default_rng([SEED, int(cache.sha256_hex(repr(unit.nodes).encode())[:8], 16)])
     index_users = {n.input[1] for n in nodes if n.op_type in ("Gather", "GatherBlockQuantized")}
     initializers, graph_inputs, feeds = [], [], {}
     for name in inputs:
@@ -467,7 +475,7 @@ def signature(unit_model_: UnitModel) -> str:
         parts.append((n.domain, n.op_type, tuple(attrs), len(n.input), len(n.output)))
     parts.append(tuple(sorted((t.data_type, tuple(t.dims)) for t in m.graph.initializer)))
     parts.append(tuple((str(v.dtype), v.shape) for v in unit_model_.feeds.values()))
-    return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
+    return cache.sha256_hex(repr(parts).encode())[:24]
 
 
 @dataclass(frozen=True)
@@ -530,11 +538,12 @@ def engine_model(model, engine: str, specs: list):
     import onnx
 
     from ....ort.decoder_ops import rewrite_decoder_ops
-    from ....ort.rewrite import rewrite
+    from ....ort.rewrite import fold_bias_adds, rewrite
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
     if engine in (MATMUL, DECODER):
+        fold_bias_adds(m, specs)
         if not any(d.moved for d in rewrite(m, specs)):
             raise RuntimeError("imegen's derived spec serves none of the model's MatMulNBits nodes")
     if engine == DECODER:
@@ -734,6 +743,11 @@ class NodeFigure:
         return modeled_time(self.counts, self.dram_bytes, self.threads)[0]
 
     @property
+    def core_seconds(self) -> float:
+        """The node's core-side time alone (DRAM ignored): its counts over the cores it runs on."""
+        return x60.core_seconds(self.counts) / self.threads
+
+    @property
     def bound(self) -> str:
         return modeled_time(self.counts, self.dram_bytes, self.threads)[1]
 
@@ -752,6 +766,11 @@ class Account:
     @property
     def seconds(self) -> float:
         return sum(n.multiplicity * n.seconds for n in self.nodes)
+
+    @property
+    def core_seconds(self) -> float:
+        """Core-side time with DRAM ignored, node by node: what llama.cpp's whole-call figure is compared on."""
+        return sum(n.multiplicity * n.core_seconds for n in self.nodes)
 
     def time_shares(self) -> dict[str, float]:
         """Each category's share of the modeled time, largest first."""
@@ -816,8 +835,6 @@ def built_library(copy: Path) -> Path:
     """The cached build a library was copied from (ort-accelerate copies it into its output folder):
     run_counts tells the IME emulator's code apart by the ime_emu.o beside the built library, so counted
     from a copy, every trapped vmadot's emulation would count as the kernel's work."""
-    from .... import cache
-
     data = copy.read_bytes()
     for so in sorted(cache.root().glob("ort-customop-qemu-*/libimegen_ort*.so")):
         if so.stat().st_size == len(data) and so.read_bytes() == data and (so.parent / "ime_emu.o").exists():
