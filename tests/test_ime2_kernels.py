@@ -269,3 +269,13 @@ def test_the_harness_sees_a_wrong_b_layout():
     [good] = run_cases(build(plan, FILE), [case], vlen=VLEN)
     [bad] = run_cases(build(wrong, FILE), [case], vlen=VLEN)
     assert compare(plan, case, good, exact=True).ok and not compare(plan, case, bad).ok
+
+
+def test_custom_op_library_refuses_ime2_kernels_for_now():
+    """The library's glue routes and emulates the K1's IME only: an ime2 kernel is refused, not linked against the
+    IME1 emulator."""
+    from imegen.ort.customop import CustomOpError, library_plans
+
+    specs = specs_from_text("kernel k3 { op = gemv target = ime2 compute = int8 tile = 1x32 }")
+    with pytest.raises(CustomOpError, match="does not serve target ime2 kernels yet"):
+        library_plans(specs)

@@ -39,6 +39,11 @@ def library_plans(specs: list[KernelSpec]) -> list[KernelPlan]:
     plans = [plan_kernel(s) for s in specs if s.abi == "imegen"]
     if not plans:
         raise CustomOpError("the spec has no abi = imegen kernel for the custom-op library")
+    for p in plans:  # the library's glue routes, pins and (qemu flavour) emulates the K1's IME only
+        if p.target.emulator not in (None, "ime_emu"):
+            raise CustomOpError(f"kernel '{p.name}': the custom-op library does not serve target {p.spec.target} "
+                                "kernels yet (its IME routing and emulation are the K1's); build them with imegen "
+                                "generate / check")
     return plans
 
 
