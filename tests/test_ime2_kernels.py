@@ -276,6 +276,6 @@ def test_custom_op_library_refuses_ime2_kernels_for_now():
     IME1 emulator."""
     from imegen.ort.customop import CustomOpError, library_plans
 
-    specs = specs_from_text("kernel k3 { op = gemv target = ime2 compute = int8 tile = 1x32 }")
+    specs = specs_from_text("kernel k3 { op = gemv target = ime2 compute = int8 tile = 1x16 }")
     with pytest.raises(CustomOpError, match="does not serve target ime2 kernels yet"):
         library_plans(specs)
