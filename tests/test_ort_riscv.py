@@ -57,6 +57,7 @@ def test_runner_surfaces_ort_errors(tmp_path):
 
 def test_sid_moving_on_fails_with_a_message(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no cached sysroot: ensure must resolve
+    monkeypatch.delenv("IMEGEN_CACHE_DIR", raising=False)  # (it would override XDG_CACHE_HOME)
     monkeypatch.setattr(sysroot, "_update", lambda suite: None)
     served = {"libonnxruntime1.23": None, "libonnxruntime-dev": "1.24.1+dfsg-1"}
     monkeypatch.setattr(sysroot, "_candidate", lambda suite, pkg: served[pkg])
