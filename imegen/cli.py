@@ -234,7 +234,11 @@ def explain(plan: KernelPlan) -> str:
         lines += [f"    {op.text:<28} {('# ' + op.comment) if op.comment else ''}".rstrip() for op in I.body]
         lines.append(f"  block fold ({len(I.fold)} instructions, after the loop):")
         lines += [f"    {op.text:<28} {('# ' + op.comment) if op.comment else ''}".rstrip() for op in I.fold]
-        lines += occupancy.summary(plan)
+        if plan.target.accepts_vlen(plan.spec, occupancy.VLEN):
+            lines += occupancy.summary(plan)
+        else:  # the occupancy models are the K1's X60 (VLEN 256): not this kernel's core
+            lines.append(f"  occupancy   no cost model for this kernel's core (the X60 models are the K1's, VLEN "
+                         f"{occupancy.VLEN}; this kernel runs at {plan.target.vlen_need(plan.spec)})")
     return "\n".join(lines)
 
 

@@ -279,3 +279,11 @@ def test_custom_op_library_refuses_ime2_kernels_for_now():
     specs = specs_from_text("kernel k3 { op = gemv target = ime2 compute = int8 tile = 1x16 }")
     with pytest.raises(CustomOpError, match="does not serve target ime2 kernels yet"):
         library_plans(specs)
+
+
+def test_explain_does_not_apply_the_k1_cost_model(capsys):
+    from pathlib import Path
+
+    assert main(["explain", str(Path(__file__).resolve().parents[1] / "examples" / "ime2_k3.imegen")]) == 0
+    out = capsys.readouterr().out
+    assert "X60 per (tile, block)" not in out and "no cost model for this kernel's core" in out
