@@ -34,6 +34,7 @@ Stages (frozen dataclasses between them):
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import tempfile
 from collections import Counter
@@ -656,18 +657,30 @@ def own_work(counts: dict[str, float], overhead: dict[str, float]) -> dict[str, 
 # ------------------------------------------------------------------------------------------ 5. time
 def parallel_tasks(node_model, rows: int) -> int:
     """What a node can split over cores, in this engine (ASSUMPTIONS stated in METHOD): MatMulNBits 4 (MLAS's
-    and imegen's 4 slices); imegen's GroupQueryAttention heads x query rows, ORT's batch x heads; the
+    and imegen's 4 slices); imegen's GroupQueryAttention its attention kernel's row tiles, ORT's batch x heads; the
     attention mask's integer ops 1; the rest (norms, SiLU gate, bias Add, embedding) its rows."""
     ops = {(n.domain, n.op_type) for n in node_model.graph.node}
     if any(op == "MatMulNBits" for _, op in ops):
         return IME_CORES
     for domain, op in ops:
         if op == "GroupQueryAttention":
-            heads = _attrs(next(n for n in node_model.graph.node if n.op_type == op))["num_heads"]
-            return heads * rows if domain == IMEGEN else heads
+            a = _attrs(next(n for n in node_model.graph.node if n.op_type == op))
+            if domain != IMEGEN:
+                return a["num_heads"]
+            # imegen's: tiles of the query rows sharing a KV head, R rows each (the derived attention kernel's tile)
+            return a["kv_num_heads"] * math.ceil(a["num_heads"] // a["kv_num_heads"] * rows / attention_rows())
     if {op for _, op in ops} <= set(MASK_OPS):
         return 1
     return rows
+
+
+def attention_rows() -> int:
+    """Query rows per call of the attention kernel ort-accelerate derives (imegen/ort/attention_tuning.json)."""
+    import json
+
+    from ....ort.accelerate import ATTENTION_TUNING
+
+    return int(json.loads(ATTENTION_TUNING.read_text())["tile"].split("x")[0])
 
 
 def threads_for(node_model, rows: int) -> int:
