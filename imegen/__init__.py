@@ -7,8 +7,8 @@ __version__ = "0.1.0"
 
 # The public API (imegen/api.py; docs/onnxruntime.md "Python API"), imported on first use so that `import imegen`
 # stays light and `python3 -m imegen.ort.sysroot` runs without the package having imported it already.
-_API = ("Kernel", "NodeDecision", "OrtError", "RiscvSession", "build_kernel", "build_ort_library", "load_spec",
-        "parse_stats", "rewrite_model", "weights", "model_check")
+_API = ("Kernel", "NodeDecision", "OrtError", "RiscvSession", "build_kernel", "build_ort_library", "load_attention",
+        "load_spec", "parse_stats", "rewrite_model", "weights", "model_check")
 __all__ = list(_API)
 
 

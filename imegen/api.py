@@ -22,7 +22,7 @@ import numpy as np
 
 from . import reference as ref
 from . import verify
-from .ir import KernelSpec, load_specs, specs_from_text
+from .ir import KernelSpec, attention_specs_from_text, load_attention_specs, load_specs, specs_from_text
 from .ort.customop import build_library, parse_stats
 from .ort.rewrite import NodeDecision, rewrite
 from .ort.riscv import OrtError, RiscvSession
@@ -34,6 +34,13 @@ def load_spec(source: str | Path) -> list[KernelSpec]:
     if isinstance(source, str) and "{" in source:
         return specs_from_text(source)
     return load_specs(source)
+
+
+def load_attention(source: str | Path) -> list:
+    """The attention kernels (AttentionSpec) of a spec file (a path), or of spec text (a string containing '{')."""
+    if isinstance(source, str) and "{" in source:
+        return attention_specs_from_text(source)
+    return load_attention_specs(source)
 
 
 def _pick(specs: list[KernelSpec] | KernelSpec, name: str | None) -> KernelSpec:
@@ -100,9 +107,11 @@ def build_kernel(specs: list[KernelSpec] | KernelSpec, name: str | None = None, 
     return Kernel(spec, verify.build(plan_kernel(spec), spec_file, compiler=compiler, host=host))
 
 
-def build_ort_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour: str = "qemu") -> Path:
-    """The ORT custom-op library for the spec's imegen-ABI kernels ("qemu": IME emulated; "hardware": for a K1)."""
-    return build_library(specs, spec_file, flavour=flavour)
+def build_ort_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour: str = "qemu",
+                      attention: list | None = None) -> Path:
+    """The ORT custom-op library for the spec's imegen-ABI kernels ("qemu": IME emulated; "hardware": for a K1);
+    `attention`: the spec's attention kernels (ir.load_attention_specs), which GroupQueryAttention nodes run on."""
+    return build_library(specs, spec_file, flavour=flavour, attention=attention)
 
 
 def rewrite_model(model, specs: list[KernelSpec]) -> list[NodeDecision]:
@@ -110,5 +119,5 @@ def rewrite_model(model, specs: list[KernelSpec]) -> list[NodeDecision]:
     return rewrite(model, specs)
 
 
-__all__ = ["Kernel", "NodeDecision", "OrtError", "RiscvSession", "build_kernel", "build_ort_library", "load_spec",
-           "parse_stats", "rewrite_model", "weights"]
+__all__ = ["Kernel", "NodeDecision", "OrtError", "RiscvSession", "build_kernel", "build_ort_library", "load_attention",
+           "load_spec", "parse_stats", "rewrite_model", "weights"]

@@ -93,3 +93,15 @@ def test_generate_and_outputs_include_attention_kernels(tmp_path, capsys):
     assert "dec.c\trv64gcv" in capsys.readouterr().out
     assert main(["generate", str(path), "-o", str(tmp_path / "x"), "-k", "nope"]) == 2
     assert "it has g, dec" in capsys.readouterr().err
+
+
+def test_python_api_loads_attention_kernels(tmp_path):
+    import imegen
+
+    text = "kernel g { op = gemv tile = 1x16 }\nattention a { tile = 2x8 vlen = 256 }\n"
+    path = tmp_path / "s.imegen"
+    path.write_text(text)
+    for source in (text, path):
+        [a] = imegen.load_attention(source)
+        assert (a.name, a.q_rows, a.kv_block, a.vlen) == ("a", 2, 8, 256)
+    assert [s.name for s in imegen.load_spec(path)] == ["g"]
