@@ -738,6 +738,13 @@ def notes(decisions, lowered: set[int], opts: Options) -> list[str]:
     return out
 
 
+def add_matmul_only(parser) -> None:
+    """--matmul-only, as ort-accelerate, ort-rewrite and ort-model-check take it."""
+    parser.add_argument("--matmul-only", action="store_true",
+                        help="move only MatMulNBits nodes: keep the decoder's norms, SiLU and attention on ORT's own "
+                             "kernels (default: imegen's RVV operators serve the forms they can)")
+
+
 def add_parser(sub) -> None:
     p = add_command(sub, "ort-accelerate", "rewrite an int4/int8 ONNX model for a K1 and build its custom-op library, "
                     "kernels chosen per node shape (no spec needed)")
@@ -755,9 +762,7 @@ def add_parser(sub) -> None:
     p.add_argument("--ort-include", metavar="DIR",
                    help="build against this folder's onnxruntime_c_api.h (ORT 1.21 or newer), e.g. the board's "
                         "/usr/include/onnxruntime (default: Debian's ORT 1.21 header)")
-    p.add_argument("--matmul-only", action="store_true",
-                   help="move only MatMulNBits nodes: keep the decoder's norms, SiLU and attention on ORT's own "
-                        "kernels (default: imegen's RVV operators serve the forms they can)")
+    add_matmul_only(p)
 
 
 def run_command(args) -> int:

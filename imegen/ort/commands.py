@@ -17,6 +17,7 @@ class UsageError(Exception):
 
 def add_commands(sub) -> None:
     """ort-accelerate first (the one a model's owner needs), then the check and the two steps it is made of."""
+    from .accelerate import add_matmul_only
     from .accelerate import add_parser as add_accelerate
 
     add_accelerate(sub)
@@ -41,9 +42,7 @@ def add_commands(sub) -> None:
     mc.add_argument("--compute", choices=("fp32", "int8"), default=None,
                     help="as ort-accelerate --compute: int8 moves accuracy_level 0-3 nodes as level 4, fp32 runs "
                          "level-4 nodes as level 0 (default: each node's own level)")
-    mc.add_argument("--matmul-only", action="store_true",
-                    help="move only MatMulNBits nodes: keep the decoder's norms, SiLU and attention on ORT's own "
-                         "kernels (default: imegen's RVV operators serve the forms they can)")
+    add_matmul_only(mc)
     lib = cli_types.add_command(sub, "ort-library", "build the ORT custom-op library for SPEC's imegen-ABI kernels")
     lib.add_argument("spec", help="the kernel spec (.imegen)")
     lib.add_argument("--flavour", choices=("hardware", "qemu"), default="hardware",
@@ -57,9 +56,7 @@ def add_commands(sub) -> None:
     rw.add_argument("spec", help="the kernel spec (.imegen) whose kernels serve the nodes")
     rw.add_argument("model", help="the ONNX model to rewrite")
     rw.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the rewritten model")
-    rw.add_argument("--matmul-only", action="store_true",
-                    help="move only MatMulNBits nodes: keep the decoder's norms, SiLU and attention on ORT's own "
-                         "kernels (default: imegen's RVV operators serve the forms they can)")
+    add_matmul_only(rw)
 
 
 def _load_model(path: str):

@@ -11,10 +11,10 @@ and GroupQueryAttention, in the forms onnxruntime-genai exports; every other for
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 from .customop import DOMAIN
+from .rewrite import consumers
 
 MS_DOMAIN = "com.microsoft"
 SERVED = {"GroupQueryAttention": "imegen rvv fp32 (rotary and KV cache here, attention on the spec's attention kernel)"}
@@ -54,11 +54,7 @@ class _Graph:
     def __init__(self, graph):
         self.graph = graph
         self.producer = {o: n for n in graph.node for o in n.output if o}
-        self.consumers: dict[str, list] = defaultdict(list)
-        for n in graph.node:
-            for i in n.input:
-                if i:
-                    self.consumers[i].append(n)
+        self.consumers = consumers(graph)
         self.outputs = {o.name for o in graph.output}
         self.types = {t.name: t.data_type for t in graph.initializer}
         self.types.update({v.name: v.type.tensor_type.elem_type for v in graph.input})

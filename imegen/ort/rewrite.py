@@ -113,7 +113,8 @@ def rewrite(model, specs: list[KernelSpec], *, int8_compute: bool = False) -> li
     return decisions
 
 
-def _consumers(graph) -> dict[str, list]:
+def consumers(graph) -> dict[str, list]:
+    """Tensor name -> the nodes of `graph` that read it."""
     users: dict[str, list] = {}
     for n in graph.node:
         for i in n.input:
@@ -145,7 +146,7 @@ def fold_bias_adds(model, specs: list[KernelSpec] | None = None) -> list[str]:
     derived for the folded model). Returns the names of the nodes that took a bias."""
     graph = model.graph
     initializers = constant_initializers(graph)
-    users = _consumers(graph)
+    users = consumers(graph)
     folded = []
     for node in list(graph.node):
         if node.op_type != "MatMulNBits" or node.domain != MS_DOMAIN or (len(node.input) > 5 and node.input[5]):

@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from .... import cache
+from ....ort.rewrite import consumers as graph_consumers
 from ...model import x60
 from . import run_counts
 from .nodes import mean_counts, modeled_time
@@ -99,15 +100,6 @@ def _attrs(node) -> dict:
     from onnx import helper
 
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-def _consumers(graph) -> dict[str, list]:
-    out: dict[str, list] = {}
-    for n in graph.node:
-        for i in n.input:
-            if i:
-                out.setdefault(i, []).append(n)
-    return out
 
 
 def layer_count(model) -> int:
@@ -187,7 +179,7 @@ def partition(model, engine_model) -> list[Unit]:
     folded them, _bias_taken), graph order."""
     graph = model.graph
     layers = layer_count(model)
-    consumers = _consumers(graph)
+    consumers = graph_consumers(graph)
     folded = folded_nodes(graph)
     groups = list(_silu_triples(graph, consumers))
     groups += [pair for pair in _bias_pairs(graph, consumers) if _bias_taken(pair, engine_model.graph)]
