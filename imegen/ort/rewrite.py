@@ -123,7 +123,7 @@ def consumers(graph) -> dict[str, list]:
     return users
 
 
-def _bias_add(graph, node, users: dict, initializers: dict):
+def bias_add(graph, node, users: dict, initializers: dict):
     """(the Add after `node` that adds a constant [N] float32 bias to its output, the bias name) or None."""
     out = node.output[0]
     if len(users.get(out, [])) != 1 or out in {o.name for o in graph.output}:
@@ -151,7 +151,7 @@ def fold_bias_adds(model, specs: list[KernelSpec] | None = None) -> list[str]:
     for node in list(graph.node):
         if node.op_type != "MatMulNBits" or node.domain != MS_DOMAIN or (len(node.input) > 5 and node.input[5]):
             continue
-        found = _bias_add(graph, node, users, initializers)
+        found = bias_add(graph, node, users, initializers)
         if found is None:
             continue
         if specs is not None:

@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from .... import cache
+from ....ort.rewrite import bias_add, constant_initializers
 from ....ort.rewrite import consumers as graph_consumers
 from ...model import x60
 from . import run_counts
@@ -138,18 +139,16 @@ def _silu_triples(graph, consumers) -> list[tuple]:
 
 
 def _bias_pairs(graph, consumers) -> list[tuple]:
-    """com.microsoft MatMulNBits whose only consumer is an Add of a constant [N]: ORT's MatMulNBitsFusion."""
-    inits = {t.name: t for t in graph.initializer}
-    out = []
+    """com.microsoft MatMulNBits whose only consumer is an Add of a constant [N]: ORT's MatMulNBitsFusion, the pairs
+    imegen's rewrite folds by the same rule (rewrite.bias_add)."""
+    inits = constant_initializers(graph)
+    pairs = []
     for n in graph.node:
-        if n.op_type != "MatMulNBits" or n.domain != MS:
-            continue
-        users = consumers.get(n.output[0], [])
-        if len(users) == 1 and users[0].op_type == "Add":
-            other = [i for i in users[0].input if i != n.output[0]]
-            if len(other) == 1 and other[0] in inits and list(inits[other[0]].dims) == [_attrs(n)["N"]]:
-                out.append((n, users[0]))
-    return out
+        if n.op_type == "MatMulNBits" and n.domain == MS:
+            found = bias_add(graph, n, consumers, inits)
+            if found is not None:
+                pairs.append((n, found[0]))
+    return pairs
 
 
 def _bias_taken(pair: tuple, engine_graph) -> bool:
