@@ -361,3 +361,106 @@ def test_greedy_tokens_identical_with_every_node_moved(tmp_path, capsys):
     assert all(d.moved for d in check.decoder) and len(check.decoder) == 9
     assert {op for op, (_, calls) in check.decoder_calls.items() if calls} == {
         "GroupQueryAttention", "SiluMul", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}
+
+
+# ------------------------------------------------------------------------------ genai's shared KV buffer
+# onnxruntime-genai runs GroupQueryAttention with past_present_share_buffer: each present output is bound to its
+# past input's own max-length buffer (RiscvSession.run(share=...)), valid up to seqlens_k + 1.
+SHARED = {"present_key": "past_key", "present_value": "past_value"}
+SENTINEL = 1000.0  # the buffer's rows beyond the valid length: any read of them would swamp the attention
+
+
+def shared_steps(session, rng, *, heads, kv_heads, head, max_len, steps):
+    """Prefill steps[0] tokens into a sentinel-filled max-length buffer, then one step per later entry, each
+    Run's present bound to its past; per step (feeds, outputs) with the past as it was before the Run."""
+    buf_k = np.full((1, kv_heads, max_len, head), SENTINEL, np.float32)
+    buf_v = buf_k.copy()
+    valid, out = 0, []
+    for seq in steps:
+        qkv = rng.normal(0, 1, (1, seq, (heads + 2 * kv_heads) * head)).astype(np.float32)
+        feeds = {"qkv": qkv, "past_key": buf_k, "past_value": buf_v,
+                 "seqlens_k": np.array([valid + seq - 1], np.int32),
+                 "total_sequence_length": np.array([valid + seq], np.int32)}
+        got = session.run(feeds, share=SHARED)
+        out.append((feeds, got))
+        buf_k, buf_v, valid = got["present_key"], got["present_value"], valid + seq
+    return out
+
+
+@needs_qemu
+@pytest.mark.parametrize("version", ["1.21", "1.23"])
+def test_group_query_attention_in_genai_shared_buffer(tmp_path, library, version):
+    """Prefill then decode steps into one max-length buffer: imegen's operator and stock ORT's agree with the
+    NumPy reference on the valid rows, and both leave the rows after them exactly as they were."""
+    heads, kv_heads, head, max_len, steps = 14, 2, 64, 24, (5, 1, 1, 1)
+    model, inits = gqa_model(heads=heads, kv_heads=kv_heads, genai_form=version != "1.21")  # 1.21: 9 inputs
+    stock, mine = tmp_path / "stock.onnx", tmp_path / "imegen.onnx"
+    onnx.save(model, str(stock))
+    onnx.save(rewritten(model), str(mine))
+    cos, sin = (numpy_helper.to_array(t) for t in inits)
+    runs = {}
+    for name, path, lib in (("stock", stock, None), ("imegen", mine, library)):
+        with RiscvSession(path, version, custom_ops=lib) as s:
+            runs[name] = shared_steps(s, np.random.default_rng(7), heads=heads, kv_heads=kv_heads, head=head,
+                                      max_len=max_len, steps=steps)
+            if lib:
+                assert parse_decoder_stats(s.stats()) == {"GroupQueryAttention": (1, len(steps))}
+    for step, ((feeds, want), (_, got)) in enumerate(zip(runs["stock"], runs["imegen"])):
+        total = int(feeds["total_sequence_length"][0])
+        past = total - feeds["qkv"].shape[1]
+        ref = gqa(feeds["qkv"], feeds["past_key"][:, :, :past], feeds["past_value"][:, :, :past], feeds["seqlens_k"],
+                  total, cos, sin, heads=heads, kv_heads=kv_heads, scale=None, rotary=True, interleaved=False)
+        for engine, outputs in (("stock ORT", want), ("imegen", got)):
+            what = f"step {step}, {engine} {version}"
+            close(outputs["out"], ref[0], f"out vs NumPy, {what}")
+            for name, r in zip(("present_key", "present_value"), ref[1:]):
+                assert outputs[name].shape == (1, kv_heads, max_len, head), what
+                close(outputs[name][:, :, :total], r, f"{name} vs NumPy, {what}")
+                assert (outputs[name][:, :, total:] == SENTINEL).all(), f"{name}: rows after {total} touched, {what}"
+        close(got["out"], want["out"], f"out vs stock ORT {version}, step {step}")
+
+
+def greedy(session, c, prompt, tokens, max_len=None):
+    """Greedy token ids and the last cache; max_len: genai's shared buffer (every present bound to its past,
+    buffers of max_len positions first filled with SENTINEL), else the cache grows by each step's present."""
+    share = {f"present.{i}.{kind}": f"past_key_values.{i}.{kind}" for i in range(c.layers) for kind in ("key", "value")}
+    cache = {p: np.full((1, c.kv_heads, max_len or 0, c.head_size), SENTINEL, np.float32) for p in share.values()}
+    ids, new, out_ids = list(prompt), list(prompt), []
+    for _ in range(tokens):
+        feeds = {"input_ids": np.array([new], np.int64), "attention_mask": np.ones((1, len(ids)), np.int64), **cache}
+        out = session.run(feeds, outputs=["logits", *share], share=share if max_len else None)
+        token = int(out["logits"][0, -1].argmax())
+        out_ids.append(token)
+        ids.append(token)
+        new = [token]
+        cache = {p: out[present] for present, p in share.items()}
+    return out_ids, cache
+
+
+@needs_qemu
+def test_greedy_tokens_identical_in_genai_shared_buffer(tmp_path, library):
+    """The 2-layer genai-form model (`imegen qwen-model`), every layer's present bound to its past as genai runs
+    it: 10 greedy tokens of ORT + imegen's decoder operators equal stock ORT 1.23's, which equal stock's own
+    with a growing cache; neither writes the buffers' rows after the valid ones."""
+    from imegen.ort import genai_form as gf
+
+    c = gf.GenaiConfig(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256, vocab=512, context=256)
+    model = gf.genai_model(c)
+    stock, mine = tmp_path / "stock.onnx", tmp_path / "imegen.onnx"
+    onnx.save(model, str(stock))
+    moved = rewritten(model)
+    assert sum(n.domain == "ai.imegen" and n.op_type == "GroupQueryAttention" for n in moved.graph.node) == c.layers
+    onnx.save(moved, str(mine))
+    prompt, n = [17, 3, 250, 9, 77, 1], 10
+    with RiscvSession(stock, "1.23") as s:
+        want, stock_cache = greedy(s, c, prompt, n, max_len=32)
+        grown, _ = greedy(s, c, prompt, n)
+    with RiscvSession(mine, "1.23", custom_ops=library) as s:
+        got, cache = greedy(s, c, prompt, n, max_len=32)
+        calls = parse_decoder_stats(s.stats())
+    assert want == grown, (want, grown)
+    assert got == want, (got, want)
+    valid = len(prompt) + n - 1  # the last token was not fed
+    for name, buffer in (*stock_cache.items(), *cache.items()):
+        assert (buffer[:, :, valid:] == SENTINEL).all(), f"{name}: rows after {valid} touched"
+    assert calls["GroupQueryAttention"] == (c.layers, c.layers * n)

@@ -66,3 +66,29 @@ def test_sid_moving_on_fails_with_a_message(tmp_path, monkeypatch):
     served.update({"libonnxruntime1.23": "1.23.3+dfsg-1", "libonnxruntime-dev": "1.24.1+dfsg-1"})
     with pytest.raises(sysroot.SysrootError, match="not a matching 1.23.x pair"):
         sysroot.ensure("1.23")
+
+
+def _neg_model(path):
+    vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3])  # noqa: E731
+    graph = helper.make_graph([helper.make_node("Neg", ["a"], ["y"]), helper.make_node("Abs", ["a"], ["z"])], "neg",
+                              [vi("a")], [vi("y"), vi("z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_runner_binds_an_output_to_an_input_buffer(tmp_path, version):
+    """share={output: input}: an IoBinding writes the output into the input's own buffer (the runner fails the
+    Run if ORT wrote it elsewhere); the other outputs come back as usual."""
+    a = np.arange(-3, 3, dtype=np.float32).reshape(2, 3)
+    with RiscvSession(_neg_model(tmp_path / "m.onnx"), version=version) as s:
+        out = s.run({"a": a}, share={"y": "a"})
+        np.testing.assert_array_equal(out["y"], -a)
+        np.testing.assert_array_equal(out["z"], np.abs(a))
+        with pytest.raises(OrtError, match="shared output is not run: y"):
+            s.run({"a": a}, outputs=["z"], share={"y": "a"})
+        with pytest.raises(ValueError, match="shared input 'b' is not among the feeds"):
+            s.run({"a": a}, share={"y": "b"})
+        np.testing.assert_array_equal(s.run({"a": a})["y"], -a)  # unbound again

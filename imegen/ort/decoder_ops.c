@@ -339,6 +339,7 @@ struct gqa_job {
     const int32_t *seqlens;
     float *out, *present_k, *present_v;
     float scale;
+    int shared; /* present_key/value are past_key/value's own buffers (fill_present) */
     int status; /* 2: out of memory, 3: the attention kernel refused */
 };
 
@@ -371,7 +372,10 @@ static const float *qkv_row(const struct gqa_job *j, size_t b, size_t s, size_t 
     return j->qkv + ((b * j->seq + s) * j->heads_total + packed_head) * j->head;
 }
 
-/* Present K/V of one (batch row, KV head): the past positions, then the new tokens (K rotated), zeros after. */
+/* Present K/V of one (batch row, KV head): the past positions, then the new tokens (K rotated), zeros after.
+ * When present is past's own buffer (onnxruntime-genai binds each present output to its max-length past input,
+ * past_present_share_buffer), only the new tokens' rows are written: the past is already in place and the rows
+ * after the valid length belong to the caller, so they are left as they are, as ORT's own operator leaves them. */
 static void fill_present(void *p, size_t task) {
     struct gqa_job *j = p;
     const size_t kvh_count = (size_t)j->n->kv_heads, b = task / kvh_count, kvh = task % kvh_count;
@@ -380,7 +384,7 @@ static void fill_present(void *p, size_t task) {
     float *pv = j->present_v + (b * kvh_count + kvh) * j->present_len * hd;
     const float *old_k = j->past_k + (b * kvh_count + kvh) * j->past_len * hd;
     const float *old_v = j->past_v + (b * kvh_count + kvh) * j->past_len * hd;
-    if (past) memcpy(pk, old_k, past * row), memcpy(pv, old_v, past * row);
+    if (past && !j->shared) memcpy(pk, old_k, past * row), memcpy(pv, old_v, past * row);
     const size_t k_head = (size_t)j->n->heads + kvh, v_head = k_head + kvh_count;
     for (size_t s = 0; s < j->seq; s++) {
         const float *k = qkv_row(j, b, s, k_head);
@@ -389,6 +393,7 @@ static void fill_present(void *p, size_t task) {
         memcpy(pv + (past + s) * hd, qkv_row(j, b, s, v_head), row);
     }
     const size_t end = past + j->seq;
+    if (j->shared) return;
     memset(pk + end * hd, 0, (j->present_len - end) * row);
     memset(pv + end * hd, 0, (j->present_len - end) * row);
 }
@@ -486,6 +491,7 @@ static OrtStatus *compute_gqa(const struct node *n, OrtKernelContext *ctx) {
     TRY(output(ctx, 0, out_dims, 3, &j.out));
     TRY(output(ctx, 1, kv_dims, 4, &j.present_k));
     TRY(output(ctx, 2, kv_dims, 4, &j.present_v));
+    j.shared = j.present_k == j.past_k && j.present_v == j.past_v; /* both, as ORT tests it */
     const size_t kv_tasks = j.batch * (size_t)n->kv_heads, rows = (size_t)(n->heads / n->kv_heads) * j.seq;
     const size_t R = (size_t)n->attention->q_rows, tiles = kv_tasks * ((rows + R - 1) / R);
     if (!j.seq || !j.batch) return NULL;

@@ -6,8 +6,12 @@
  *   string  = u32 length, bytes
  *   tensor  = string name, u32 ONNX element type, u32 rank, i64 dims[rank], u64 nbytes, data
  *   startup reply: u8 0, u32 n_inputs, string[n], u32 n_outputs, string[n] | u8 1, string error
- *   request 'R': u32 n_feeds, tensor[n], u32 n_wanted, string[n] (0: all outputs)
+ *   request 'R': u32 n_feeds, tensor[n], u32 n_wanted, string[n] (0: all outputs),
+ *                u32 n_shared, (string output, string input)[n]
  *     reply: u8 0, u32 n, tensor[n] | u8 1, string error
+ *     With shared pairs the run goes through an IoBinding, as onnxruntime-genai runs a model: each pair's output
+ *     is bound to that input's own buffer (genai's past_present_share_buffer KV cache: ORT's GroupQueryAttention
+ *     then sees present == past), the other outputs to CPU memory; the reply holds the bound buffers' contents.
  *   request 'S': reply u8 0, string (the custom-op library's imegen_ort_stats(), "" without)
  * EOF on stdin ends the process. */
 #include <dlfcn.h>
@@ -102,7 +106,60 @@ static void put_tensor(const char *name, OrtValue *v) {
     free(dims);
 }
 
-static void serve_run(OrtSession *session, OrtMemoryInfo *mem, size_t n_out, char **out_names) {
+static OrtStatus *refuse(const char *what, const char *name) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s: %s", what, name);
+    return ort->CreateStatus(ORT_INVALID_ARGUMENT, msg);
+}
+
+static int index_of(char **names, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(names[i], name)) return (int)i;
+    return -1;
+}
+
+struct sharing {
+    uint32_t n;
+    char **outputs, **inputs; /* outputs[i] is written into inputs[i]'s buffer */
+};
+
+/* One Run through an IoBinding: the feeds bound as inputs, each wanted output bound to its shared input's
+ * OrtValue or else to CPU memory; outs[i] receives wanted[i]. A shared output ORT did not write in place fails. */
+static OrtStatus *run_bound(OrtSession *session, OrtMemoryInfo *mem, OrtAllocator *alloc, char **names,
+                            OrtValue **feeds, uint32_t n_feeds, char **wanted, size_t n, const struct sharing *sh,
+                            OrtValue **outs) {
+    OrtIoBinding *b = NULL;
+    OrtValue **values = NULL;
+    size_t count = 0;
+    OrtStatus *st = ort->CreateIoBinding(session, &b);
+    for (uint32_t i = 0; !st && i < sh->n; i++) {
+        if (index_of(names, n_feeds, sh->inputs[i]) < 0) st = refuse("shared input is not fed", sh->inputs[i]);
+        else if (index_of(wanted, n, sh->outputs[i]) < 0) st = refuse("shared output is not run", sh->outputs[i]);
+    }
+    for (uint32_t i = 0; !st && i < n_feeds; i++) st = ort->BindInput(b, names[i], feeds[i]);
+    for (size_t i = 0; !st && i < n; i++) {
+        const int s = index_of(sh->outputs, sh->n, wanted[i]);
+        st = s < 0 ? ort->BindOutputToDevice(b, wanted[i], mem)
+                   : ort->BindOutput(b, wanted[i], feeds[index_of(names, n_feeds, sh->inputs[s])]);
+    }
+    if (!st) st = ort->RunWithBinding(session, NULL, b);
+    if (!st) st = ort->GetBoundOutputValues(b, alloc, &values, &count);
+    if (!st && count != n) st = refuse("the binding returned another number of outputs than bound", "");
+    for (size_t i = 0; i < count; i++)
+        if (i < n) outs[i] = values[i];
+        else ort->ReleaseValue(values[i]);
+    for (uint32_t i = 0; !st && i < sh->n; i++) {
+        void *out_data, *in_data;
+        must(ort->GetTensorMutableData(outs[index_of(wanted, n, sh->outputs[i])], &out_data));
+        must(ort->GetTensorMutableData(feeds[index_of(names, n_feeds, sh->inputs[i])], &in_data));
+        if (out_data != in_data) st = refuse("onnxruntime did not write the shared output in place", sh->outputs[i]);
+    }
+    if (values) must(ort->AllocatorFree(alloc, values));
+    if (b) ort->ReleaseIoBinding(b);
+    return st;
+}
+
+static void serve_run(OrtSession *session, OrtMemoryInfo *mem, OrtAllocator *alloc, size_t n_out, char **out_names) {
     uint32_t n_feeds = get_u32();
     char **names = calloc(n_feeds + 1, sizeof(char *));
     void **buffers = calloc(n_feeds + 1, sizeof(void *));
@@ -125,18 +182,26 @@ static void serve_run(OrtSession *session, OrtMemoryInfo *mem, size_t n_out, cha
     uint32_t n_wanted = get_u32();
     char **wanted = n_wanted ? calloc(n_wanted, sizeof(char *)) : out_names;
     for (uint32_t i = 0; i < n_wanted; i++) wanted[i] = get_string();
+    struct sharing sh = {get_u32(), NULL, NULL};
+    sh.outputs = calloc(sh.n + 1, sizeof(char *)), sh.inputs = calloc(sh.n + 1, sizeof(char *));
+    for (uint32_t i = 0; i < sh.n; i++) sh.outputs[i] = get_string(), sh.inputs[i] = get_string();
     size_t n = n_wanted ? n_wanted : n_out;
     OrtValue **outs = calloc(n + 1, sizeof(OrtValue *));
-    if (!bad && !failed(ort->Run(session, NULL, (const char *const *)names, (const OrtValue *const *)feeds, n_feeds,
-                                 (const char *const *)wanted, n, outs))) {
+    OrtStatus *st = NULL;
+    if (!bad)
+        st = sh.n ? run_bound(session, mem, alloc, names, feeds, n_feeds, wanted, n, &sh, outs)
+                  : ort->Run(session, NULL, (const char *const *)names, (const OrtValue *const *)feeds, n_feeds,
+                             (const char *const *)wanted, n, outs);
+    if (!bad && !failed(st)) {
         put_u8(0);
         put_u32((uint32_t)n);
-        for (size_t i = 0; i < n; i++) {
-            put_tensor(wanted[i], outs[i]);
-            ort->ReleaseValue(outs[i]);
-        }
+        for (size_t i = 0; i < n; i++) put_tensor(wanted[i], outs[i]);
         fflush(out);
     }
+    for (size_t i = 0; i < n; i++)
+        if (outs[i]) ort->ReleaseValue(outs[i]);
+    for (uint32_t i = 0; i < sh.n; i++) free(sh.outputs[i]), free(sh.inputs[i]);
+    free(sh.outputs), free(sh.inputs);
     for (uint32_t i = 0; i < n_feeds; i++) {
         if (feeds[i]) ort->ReleaseValue(feeds[i]);
         free(buffers[i]);
@@ -201,7 +266,7 @@ int main(int argc, char **argv) {
         uint8_t request;
         get(&request, 1);
         if (request == 'R') {
-            serve_run(session, mem, n_out, out_names);
+            serve_run(session, mem, alloc, n_out, out_names);
         } else if (request == 'S') {
             put_u8(0);
             put_string(stats ? stats() : "");

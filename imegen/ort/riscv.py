@@ -113,7 +113,16 @@ class RiscvSession:
             self._read(1)  # raises with the exit status and stderr
 
     # -- API ----------------------------------------------------------------------------------
-    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None,
+            share: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+        """One Run; the outputs by name (all of the model's, or `outputs`). `share` {output: input} runs it as
+        onnxruntime-genai does, through an IoBinding with each such output bound to that input's own buffer
+        (genai's past_present_share_buffer: present.N.key written into past_key_values.N.key's max-length buffer);
+        the output then holds that buffer after the Run. A shared output must be among those run."""
+        share = dict(share or {})
+        missing = [i for i in share.values() if i not in feeds]
+        if missing:
+            raise ValueError(f"shared input {missing[0]!r} is not among the feeds")
         msg = [b"R", struct.pack("<I", len(feeds))]
         for name, value in feeds.items():
             a = np.ascontiguousarray(value)
@@ -123,6 +132,7 @@ class RiscvSession:
                     struct.pack(f"<{a.ndim}q", *a.shape), struct.pack("<Q", a.nbytes), a.tobytes()]
         wanted = list(outputs or [])
         msg += [struct.pack("<I", len(wanted))] + [self._pack_string(n) for n in wanted]
+        msg += [struct.pack("<I", len(share))] + [self._pack_string(s) for pair in share.items() for s in pair]
         self._send(b"".join(msg))
         self._check_status()
         result = {}
