@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from imegen import toolchain
-from imegen.perf.baselines.llama_cpp.ime2 import encode_pack
+from imegen.perf.baselines.llama_cpp.ime2 import encode_pack, encode_vnpack4
 from imegen.targets.ime2.encoding import encode_vmadot, encode_vmadot_hp, encode_vmadot_sp, mnemonic
 
 C_DIR = Path(__file__).parent / "c"
@@ -154,6 +154,38 @@ PACK_VARIANTS = [PackVariant(f"{'vupack' if unpack else 'vpack'} imm2={imm2} e{s
                      (False, True), range(4), (8, 16, 32, 64), [(24, 4, 5), (2, 30, 30), (0, 2, 31)]))
                  if imm2 == 0 or sew in (8, 32)]
 @dataclass(frozen=True)
+class Npack4Variant:
+    """One smt.vnpack4.vv vd, vs1, vs2, imm2 (one register out): stores vd, then vs1 (it must come out unchanged)."""
+    name: str
+    vd: int
+    vs1: int
+    vs2: int
+    sew: int
+    imm2: int
+    ops: tuple[str, ...] = ("vnpack4",)
+
+    def words(self) -> list[int]:
+        return [encode_vnpack4(self.vd, self.vs1, self.vs2, self.imm2)]
+
+
+def npack4_model(a: np.ndarray, b: np.ndarray, imm2: int) -> np.ndarray:
+    """docs/ime2-isa.md §9.1: vd's 128 bytes in chunks of pack_len = 32 << imm2 bits, alternately from vs1 (a)
+    and vs2 (b), each the low nibbles of the next 2 x pack_len bits of its source, byte 2j of it in bits 3:0 and
+    byte 2j+1 in bits 7:4 of byte j; the same under every SEW."""
+    def nibbles(reg: np.ndarray) -> np.ndarray:
+        return (reg[0::2] & 15) | (reg[1::2] & 15) << 4  # (64,): all of the register, in order
+    chunk = 4 << imm2
+    return np.stack([nibbles(a).reshape(-1, chunk), nibbles(b).reshape(-1, chunk)], axis=1).reshape(-1)
+
+
+# Every imm2 under every SEW (the reading ignores SEW: llama.cpp issues it under e8 and e16), vs1 = vs2 as
+# llama.cpp's m1 kernels issue it, and registers spread over the file.
+NPACK4_VARIANTS = [Npack4Variant(f"vnpack4 imm2={imm2} e{sew} v{vd}, v{vs1}, v{vs2}", vd, vs1, vs2, sew, imm2)
+                   for imm2 in range(4) for sew, (vd, vs1, vs2) in zip((8, 16, 32, 64),
+                                                                   [(12, 16, 17), (8, 3, 3), (31, 0, 30), (1, 29, 2)])]
+
+
+@dataclass(frozen=True)
 class HpOp:
     """One vmadot*.hp: signedness, data type and the scale group imm3 (8 FP16 scales, one per column)."""
     sign: str
@@ -194,7 +226,7 @@ HP_CHAIN = HpVariant("hp chain", 20, 4, 12, 0, 16, (HpOp("ss", "i8", 0), HpOp("s
 # Spec §5.4.7 with its own registers and vtype: smt.vmadot.hp v16, v2, v8, v0, 0, i8 under e16.
 SPEC_HP = HpVariant("spec 5.4.7", 16, 2, 8, 0, 16, (HpOp("ss", "i8", 0),))
 HP_VARIANTS = HP_FORM_VARIANTS + [HP_CHAIN, SPEC_HP]
-VARIANTS = FORM_VARIANTS + SPEC_VARIANTS + PACK_VARIANTS + HP_VARIANTS
+VARIANTS = FORM_VARIANTS + SPEC_VARIANTS + PACK_VARIANTS + HP_VARIANTS + NPACK4_VARIANTS
 
 
 def register_moves(v) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
@@ -202,6 +234,8 @@ def register_moves(v) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     the scale register is stored back (it must come out unchanged)."""
     if isinstance(v, HpVariant):
         return [(v.vd, "c0"), (v.vs1, "a0"), (v.vs2, "b"), (v.scale, "s")], [(v.vd, "o0"), (v.scale, "o1")]
+    if isinstance(v, Npack4Variant):
+        return [(v.vd, "c0"), (v.vs1, "a0"), (v.vs2, "b")], [(v.vd, "o0"), (v.vs1, "o1")]
     return ([(v.vd, "c0"), (v.vd + 1, "c1"), *((r, f"a{k}") for k, r in enumerate(v.a_regs)), (v.vs2, "b")],
             [(v.vd, "o0"), (v.vd + 1, "o1")])
 
@@ -295,8 +329,15 @@ PROBES = [
     Probe("vpack_vs1_is_vd_plus_1", encode_pack(2, 3, 5, 1, unpack=False), "e8, m1, ta, ma", OVERLAP),
     Probe("vupack_vs2_is_vd", encode_pack(2, 4, 2, 1, unpack=True), "e8, m1, ta, ma", OVERLAP),
     Probe("vpack_odd_vd", 0x6652112B | 1 << 7, "e8, m1, ta, ma", NOT_RUN),
-    # smt.vnpack4.vv v1, v4, v5, 3 (spec §8.6.2): [31:26] 010000
-    Probe("vnpack4", 0b010000 << 26 | 1 << 25 | 5 << 20 | 4 << 15 | 3 << 12 | 1 << 7 | 0x2B, "e16, m1, ta, ma", NOT_RUN),
+    # smt.vnpack4.vv (spec §8.6.2, docs/ime2-isa.md §9.1): binutils' and LLVM's words run; LMUL != 1, vl < VLMAX
+    # and vd = a source are refused; the saturating vnspack4 ([14] = 1) is not run.
+    Probe("vnpack4_binutils", 0x4241812B, "e8, m1, ta, ma", None),  # smt.vnpack4.vv v2,v3,v4,0 (binutils)
+    Probe("vnpack4_llvm_e16", 0x425190AB, "e16, m1, ta, ma", None),  # smt.vnpack4.vv v1, v3, v5, 1 (LLVM MC)
+    Probe("vnpack4_m2", 0x4241812B, "e8, m2, ta, ma", "vnpack4 needs LMUL 1"),
+    Probe("vnpack4_vl16", 0x4241812B, "e8, m1, ta, ma", "vnpack4 needs LMUL 1", avl=16),
+    Probe("vnpack4_vd_is_vs1", encode_vnpack4(3, 3, 4, 3), "e8, m1, ta, ma", "vd of vnpack4 is a source"),
+    Probe("vnpack4_vd_is_vs2", encode_vnpack4(4, 3, 4, 3), "e16, m1, ta, ma", "vd of vnpack4 is a source"),
+    Probe("vnspack4_binutils", 0x4241C12B, "e8, m1, ta, ma", NOT_RUN),  # smt.vnspack4.vv v2,v3,v4,0 (binutils)
     # .hp (spec §5.4.5, §8.4): vd may be odd; vd = vs1, vs2 or the scale register, LMUL != 1 and reserved
     # data types are refused.
     Probe("hp_i4_imm7_e16", VALID_HP, "e16, m1, ta, ma", None),
@@ -649,6 +690,36 @@ def test_vpack_vupack_match_the_spec_model(exe):
         a_reg = b if pv.vs1 == pv.vs2 else a[:VLENB]  # one register: the driver loads vs2's data last
         want = pack_model(a_reg, b, pv.sew, pv.imm2, pv.unpack)
         np.testing.assert_array_equal(row.astype(np.int32).view(np.uint8), want, err_msg=pv.name)
+
+
+def test_vnpack4_matches_the_kernel_reading(exe):
+    """vnpack4 at every imm2 and SEW, vs1 = vs2 too, against npack4_model on random and extreme bytes; vs1 comes
+    out unchanged. The kernels pin the reading (tests/test_llama_ime2.py); this pins the emulator to the model."""
+    rng = np.random.default_rng(17)
+    first = VARIANTS.index(NPACK4_VARIANTS[0])
+    extremes = np.array(BYTE_EXTREMES, np.uint8)
+    recs = [(first + i, random_c(rng), gen(256), gen(128)) for i in range(len(NPACK4_VARIANTS))
+            for gen in (lambda n: rng.integers(0, 256, n, dtype=np.uint8), lambda n: rng.choice(extremes, n))]
+    got, count = parse_results(run(exe, ["run"], input=encode_records(recs), timeout=120).stdout)
+    assert count == len(recs)
+    for (v, _, a, b), row in zip(recs, got):
+        nv = VARIANTS[v]
+        a_reg = b if nv.vs1 == nv.vs2 else a[:VLENB]  # one register: the driver loads vs2's data last
+        out = row.astype(np.int32).view(np.uint8)
+        np.testing.assert_array_equal(out[:VLENB], npack4_model(a_reg, b, nv.imm2), err_msg=nv.name)
+        np.testing.assert_array_equal(out[VLENB:], a_reg, err_msg=f"{nv.name}: vs1 changed")
+
+
+def test_npack4_model_by_hand():
+    """The model on a worked register: bytes 0x21, 0x43 (low nibbles 1, 3) -> 0x31; 0xF7, 0x08 -> 0x87; imm2 0
+    interleaves 4-byte chunks of vd."""
+    a = np.zeros(VLENB, np.uint8)
+    b = np.zeros(VLENB, np.uint8)
+    a[:4] = [0x21, 0x43, 0xF7, 0x08]
+    b[:2] = [0x1E, 0x2D]
+    out = npack4_model(a, b, 0)
+    assert list(out[:6]) == [0x31, 0x87, 0, 0, 0xDE, 0]
+    assert list(npack4_model(a, b, 3)[:2]) == [0x31, 0x87] and npack4_model(a, b, 3)[32] == 0xDE
 
 
 def test_forms_cover_the_integer_instructions():

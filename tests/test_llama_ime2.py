@@ -15,6 +15,13 @@ from imegen.targets.ime2.encoding import decode
 NEEDS_TOOLS = pytest.mark.skipif(bool(toolchain.missing_tools()), reason="needs the cross toolchains and qemu-riscv64")
 
 
+def test_vnpack4_encoding_matches_binutils_and_llvm():
+    assert ime2.encode_vnpack4(2, 3, 4, 0) == 0x4241812B   # smt.vnpack4.vv v2,v3,v4,0 (binutils x-smt-vdot-ii.d)
+    assert ime2.encode_vnpack4(1, 3, 5, 1) == 0x425190AB   # smt.vnpack4.vv v1, v3, v5, 1 (LLVM MC test)
+    with pytest.raises(ValueError):
+        ime2.encode_vnpack4(2, 3, 4, 4)
+
+
 def test_pack_encoding_matches_llvm():
     # smt.vpack.vv v2, v4, v5, 1 and smt.vupack.vv v2, v4, v5, 1 (LLVM's xsmtvdotii-valid.s)
     assert ime2.encode_pack(2, 4, 5, 1, unpack=False) == 0x6652112B
@@ -38,8 +45,9 @@ def test_translation():
     hp = decode(words[4])
     assert (hp["mnemonic"], hp["dtype"], hp["vd"], hp["vs1"], hp["vs2"], hp["scale"], hp["imm3"]) == \
         ("smt.vmadotsu.hp", "i4", 16, 2, 8, 0, 3)
-    assert (tr.vmadot, tr.hp, tr.pack, tr.unimp, tr.vsetvli, tr.e64_mf2) == (2, 1, 2, 1, 2, 1)
-    assert tr.text.count("unimp") == 1 and "mf2, tu, mu" in tr.text and "m1, ta, ma" in tr.text
+    assert words[5] == ime2.encode_vnpack4(1, 2, 3, 3)
+    assert (tr.vmadot, tr.hp, tr.pack, tr.npack4, tr.vsetvli, tr.e64_mf2) == (2, 1, 2, 1, 2, 1)
+    assert "mf2, tu, mu" in tr.text and "m1, ta, ma" in tr.text
     assert "e64, m1, tu, mu" in tr.text and "e64, mf2" not in tr.text
 
 
@@ -69,7 +77,7 @@ def test_translation_of_the_real_file():
     tr = ime2.translate((source.sources() / source.SPACEMIT / "ime2_kernels.cpp").read_text())
     # Counted in the sdist's file (live and #if 0 code): 176 vmadot i8/i4, 96 .hp, 223 vpack/vupack, 19 vnpack4,
     # 7 `vsetvli t0, x0, e64, mf2` (i8i2k_m1 and i8i3k_m1).
-    assert (tr.vmadot, tr.hp, tr.pack, tr.unimp, tr.e64_mf2) == (176, 96, 223, 19, 7)
+    assert (tr.vmadot, tr.hp, tr.pack, tr.npack4, tr.e64_mf2) == (176, 96, 223, 19, 7)
 
 
 @NEEDS_TOOLS
@@ -307,3 +315,117 @@ def test_gemm_kernel_i8i5_extreme_values(tmp_path, zero_points):
                        _extreme(rng, base.b_codes.shape, 0, 31), base.b_d, zps)
     run = ime2.run(ime2.build(), case.kernel, case, tmp_path)
     assert ime2.max_error(run, case) <= 1.0
+
+
+# ---------------------------------------------------------------- Q4_0: gemm_kernel_i8i4 and gemm_kernel_i8i4_hp (vnpack4)
+
+def test_q40_layouts_put_each_value_where_mrow_ref_reads_it():
+    case = ime2.Q40Case.random(np.random.default_rng(21), 5, 64, 2)
+    b = np.frombuffer(case.b_bytes(), np.uint8)
+    assert b.size == 64 * 2 * 18
+    rng = np.random.default_rng(3)
+    for _ in range(200):  # mrow_ref: b_data[ci * blk_len / 2 + bi], code 2bi in bits 3:0, 2bi+1 in bits 7:4
+        n, kb, k = rng.integers(0, 64), rng.integers(0, 2), rng.integers(0, 32)
+        blk, ci = b[((n // 32) * 2 + kb) * 576:][:576], n % 32
+        assert blk[:64].view(np.float16)[ci] == case.b_d[n, kb]
+        assert blk[64 + ci * 16 + k // 2] >> (4 * (k % 2)) & 15 == case.b_codes[n, kb, k]
+    hp = ime2.Q40HPCase.random(np.random.default_rng(22), 5, 32, 2)
+    a = np.frombuffer(hp.a_bytes(), np.uint8)
+    assert a.size == 5 * 2 * 290
+    blk = a[1160:2320]  # rows 0-3, super-block 1: 8 x (4 scales, 4 x 32 codes), sums [row][8], 4 scale_avg
+    assert (blk[136 * 3:136 * 3 + 8].view(np.float16) == hp.a_sub_scales[:4, 1, 3]).all()
+    assert (blk[136 * 3 + 8 + 64:136 * 3 + 8 + 96].view(np.int8) == hp.a_codes[2, 1, 96:128]).all()
+    assert (blk[1088:1152].view(np.float16).reshape(4, 8) == hp.a_sums[:4, 1]).all()
+    assert (blk[1152:1160].view(np.float16) == hp.a_avg[:4, 1]).all()
+    bb = np.frombuffer(hp.b_bytes(), np.uint8)
+    sub = bb[4608 + 576 * 5:][:576]  # columns 0-31, super-block 1, sub-block 5
+    assert (sub[:64].view(np.float16) == hp.b_d[:, 1, 5]).all()
+    assert sub[64 + 7 * 16 + 3] == hp.b_codes[7, 1, 160 + 6] | hp.b_codes[7, 1, 160 + 7] << 4
+
+
+# Emulated instructions per call, 32 columns and K block, read off the kernels: i8i4 m1 2 vnpack4 + 8 .hp + 3 vpack
+# (C); m4 1 vnpack4 + 1 vupack + 8 .hp + 3 vpack (C) + 1 vpack (B scales) + 3 vpack (the zero-point tile);
+# i8i4_hp (per super-block) m1 8 x (2 vnpack4 + 1 vpack + 8 .hp) + 3 vpack, m4 8 x (vnpack4 + vpack + vupack
+# + 8 .hp) + 3 vpack.
+Q40_PER_GROUP_BLOCK = {"i8i4": {1: 13, 4: 17}, "i8i4hp": {1: 91, 4: 91}}
+Q40_CASES = {"i8i4": ime2.Q40Case, "i8i4hp": ime2.Q40HPCase}
+
+
+def _check_q40(tmp_path, case, exe=None):
+    M, N, kb = case.shape
+    run = ime2.run(exe or ime2.build(), case.kernel, case, tmp_path)
+    groups = ime2.row_groups(M)
+    assert run.rows == tuple(groups) * (N // 32)
+    assert run.emulated == (N // 32) * kb * sum(Q40_PER_GROUP_BLOCK[case.kernel][g] for g in groups)
+    assert np.isfinite(run.C).all()
+    return run
+
+
+@NEEDS_TOOLS
+@pytest.mark.parametrize("kernel", ["i8i4", "i8i4hp"])
+@pytest.mark.parametrize("extreme", [False, True], ids=["random", "extreme"])
+@pytest.mark.parametrize("M, N, kb", [(1, 32, 1), (4, 32, 2), (5, 64, 3), (9, 96, 2), (6, 32, 4)])
+def test_gemm_kernel_q40_agrees_with_numpy(tmp_path, kernel, extreme, M, N, kb):
+    """llama.cpp's Q4_0 path on the K3 (K a multiple of 256: gemm_kernel_i8i4_hp, else gemm_kernel_i8i4), m4 and
+    m1: vnpack4 splits A into nibbles, vmadotsu.hp / vmadotu.hp i4 multiply them with B's, vpack/vupack lay
+    out. Within 1 unit of 1e-5 x the sum of the fp32 terms' magnitudes of the model (FP16 modelled step by
+    step), while the same run misses the FP16-free product of the dequantized matrices by more than 10 units:
+    the check sees the .hp rounding."""
+    case = Q40_CASES[kernel].random(np.random.default_rng(M * 1000 + N * 10 + kb), M, N, kb, extreme=extreme)
+    run = _check_q40(tmp_path, case)
+    want, bound = case.reference()
+    assert ime2.error_units(run, (want, bound)) <= 1.0
+    assert ime2.error_units(run, (ime2.q40_definition(case), bound)) > 10
+
+
+def _emulator_reading(text: str, reading: str) -> str:
+    """runtime/ime2_emu.c with vnpack4 read another way (the tests' alternatives; none of them is shipped)."""
+    line_in = "const uint8_t *in = src + (c & 1) * VLENB + c / 2 * 2 * out_chunk;"
+    line_out = "dst[c * out_chunk + j] = (uint8_t)((in[2 * j] & 15) | (in[2 * j + 1] & 15) << 4);"
+    assert line_in in text and line_out in text, "vnpack4_execute changed: update the alternative readings"
+    if reading == "nibble order swapped":
+        return text.replace(line_out, "dst[c * out_chunk + j] = (uint8_t)((in[2 * j] & 15) << 4 | (in[2 * j + 1] & 15));")
+    if reading == "pack_len counts source bits":
+        return text.replace("unsigned out_chunk = 4u << d->imm2;", "unsigned out_chunk = 2u << d->imm2;")
+    if reading == "vs1 then vs2, not interleaved":
+        return text.replace(line_in, "const uint8_t *in = src + c * 2 * out_chunk;")
+    if reading == "SEW-wide source elements":
+        return text.replace(line_in, "const uint8_t *in = src + (c & 1) * VLENB; "
+                            "unsigned eb = pack_bytes(0), base = c / 2 * 2 * out_chunk * eb;").replace(
+            line_out, "{ unsigned i0 = base + 2 * j * eb, i1 = i0 + eb; dst[c * out_chunk + j] = (uint8_t)("
+                      "(i0 < VLENB ? in[i0] & 15 : 0) | (i1 < VLENB ? in[i1] & 15 : 0) << 4); }")
+    if reading == "saturate to signed 4 bits":
+        sat = "(uint8_t)((int8_t)in[{i}] < -8 ? 8 : (int8_t)in[{i}] > 7 ? 7 : in[{i}] & 15)"
+        return text.replace(line_out, f"dst[c * out_chunk + j] = (uint8_t)({sat.format(i='2 * j')} | "
+                                      f"{sat.format(i='2 * j + 1')} << 4);")
+    raise ValueError(reading)
+
+
+# Which paths each wrong reading breaks (the others it leaves right): m1 issues vnpack4 under e16 with vs1 = vs2
+# and uses row 0 only; m4 under e8 with two sources and all four chunks.
+WRONG_READINGS = {
+    "nibble order swapped": {"i8i4 m1", "i8i4 m4", "i8i4hp m1", "i8i4hp m4"},
+    "pack_len counts source bits": {"i8i4 m4", "i8i4hp m4"},
+    "vs1 then vs2, not interleaved": {"i8i4 m4", "i8i4hp m4"},
+    "SEW-wide source elements": {"i8i4 m1", "i8i4hp m1"},
+    "saturate to signed 4 bits": {"i8i4 m1", "i8i4 m4", "i8i4hp m1", "i8i4hp m4"},
+}
+
+
+@NEEDS_TOOLS
+@pytest.mark.parametrize("reading", list(WRONG_READINGS))
+def test_other_vnpack4_readings_break_the_kernels(tmp_path, reading):
+    """The kernels pin vnpack4 (docs/ime2-isa.md §9.1): the emulator built with each other plausible reading
+    makes exactly the listed paths miss their model by far (the shipped reading passes all four:
+    test_gemm_kernel_q40_agrees_with_numpy)."""
+    text = (toolchain.RUNTIME_DIR / "ime2_emu.c").read_text()
+    exe = ime2.build(emulator=_emulator_reading(text, reading))
+    broken = set()
+    for kernel, M in [("i8i4", 1), ("i8i4", 4), ("i8i4hp", 1), ("i8i4hp", 4)]:
+        case = Q40_CASES[kernel].random(np.random.default_rng(31), M, 32, 2)
+        run = ime2.run(exe, kernel, case, tmp_path / f"{kernel}{M}")
+        err = ime2.error_units(run, case.reference())
+        if not err <= 1.0:  # NaN counts as broken
+            assert not err <= 1000, f"{reading}, {kernel} M={M}: off by {err} units, neither right nor clearly wrong"
+            broken.add(f"{kernel} m{M}")
+    assert broken == WRONG_READINGS[reading]

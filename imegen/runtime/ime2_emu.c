@@ -23,8 +23,17 @@
  * being the register pair vd, vd+1 seen as one 2*VLEN-bit stream.
  *   vpack:  stream = vs1.chunk0, vs2.chunk0, vs1.chunk1, vs2.chunk1, ...
  *   vupack: the inverse; the stream {vs1, vs2} is split into its even chunks (-> vd) and odd chunks (-> vd+1).
+ *
+ * And vnpack4.vv (docs/ime2-isa.md §9.1), which llama.cpp's Q4_0 kernels use to split int8 activations into
+ * nibbles: every source byte is truncated to its low 4 bits, whatever SEW is; two consecutive bytes make one
+ * destination byte (the first in bits 3:0). vd (one register) is built of chunks of pack_len bits (imm2: 32,
+ * 64, 128, 256), alternately from vs1 and vs2, each the nibbles of the next 2*pack_len bits of its source:
+ *   vd = nib(vs1 bytes 0..2c-1), nib(vs2 bytes 0..2c-1), nib(vs1 bytes 2c..4c-1), ...   (c = pack_len/8)
+ * so all of vs1 and vs2 land in vd. The spec's pseudocode cannot be run as written; this is the reading under
+ * which SpacemiT's own kernels compute what their scalar references say.
  */
 #define _GNU_SOURCE /* REG_PC and the ucontext_t register names */
+#include "harts.h"
 #include "ime2_emu.h"
 #include "trap.h"
 
@@ -54,6 +63,10 @@ struct vpack {
     int unpack;
 };
 
+struct vnpack4 {
+    unsigned vd, vs1, vs2, imm2;
+};
+
 /* Decode smt.vpack.vv / smt.vupack.vv (spec §8.6.1): [31:26] 011001, [25] 1, [14] 0 pack / 1 unpack,
  * [13:12] imm2, vd even. 0 for anything else (the narrowing packs vnpack* are not run). */
 static int vpack_decode(uint32_t w, struct vpack *d) {
@@ -67,10 +80,28 @@ static int vpack_decode(uint32_t w, struct vpack *d) {
     return 1;
 }
 
+/* Decode smt.vnpack4.vv (spec §8.6.2): [31:26] 010000, [25] 1, [14] 0 (1 is the saturating vnspack4, not run),
+ * [13:12] imm2, vd any register. 0 for anything else. */
+static int vnpack4_decode(uint32_t w, struct vnpack4 *d) {
+    if ((w & 0x7f) != 0x2b || w >> 25 != 0x21 || (w >> 14 & 1))
+        return 0;
+    d->vd = w >> 7 & 31;
+    d->vs1 = w >> 15 & 31;
+    d->vs2 = w >> 20 & 31;
+    d->imm2 = w >> 12 & 3;
+    return 1;
+}
+
 /* The spec does not say what a destination pair overlapping a source computes; refuse it rather than
  * pick an answer (no llama.cpp kernel does it). */
 static int vpack_registers_legal(const struct vpack *d) {
     return d->vs1 != d->vd && d->vs1 != d->vd + 1 && d->vs2 != d->vd && d->vs2 != d->vd + 1;
+}
+
+/* vnpack4: vd must not be a source. The spec's register rules (§8.6.2) say nothing; no kernel does it, and
+ * hardware that writes vd while still reading a source need not give what spilling first gives. */
+static int vnpack4_registers_legal(const struct vnpack4 *d) {
+    return d->vd != d->vs1 && d->vd != d->vs2;
 }
 
 /* Decode an IME2 integer vmadot / vmadotN word (docs/ime2-isa.md §3); 0 if it is anything else,
@@ -343,6 +374,24 @@ static void vpack_execute(const struct vpack *d) {
     vreg_fill(d->vd + 1, dst + VLENB);
 }
 
+/* vnpack4 (docs/ime2-isa.md §9.1): pack_len = 32 << imm2 bits of vd per chunk, chunks alternately from vs1
+ * and vs2, each the low nibbles of 2 * pack_len bits of its source, byte 2j in bits 3:0 and byte 2j+1 in
+ * bits 7:4 of destination byte j. Under every SEW the elements are bytes (llama.cpp issues it under e8 and
+ * e16 on int8 codes). */
+static void vnpack4_execute(const struct vnpack4 *d) {
+    uint8_t src[2 * VLENB], dst[VLENB]; /* src: vs1 then vs2 */
+    vreg_spill(d->vs1, src);
+    vreg_spill(d->vs2, src + VLENB);
+    unsigned out_chunk = 4u << d->imm2; /* bytes of vd per chunk */
+    for (unsigned c = 0; c < VLENB / out_chunk; c++) {
+        /* chunk c: from vs1 (c even) or vs2 (c odd), that source's chunk c / 2 of 2 * out_chunk bytes */
+        const uint8_t *in = src + (c & 1) * VLENB + c / 2 * 2 * out_chunk;
+        for (unsigned j = 0; j < out_chunk; j++)
+            dst[c * out_chunk + j] = (uint8_t)((in[2 * j] & 15) | (in[2 * j + 1] & 15) << 4);
+    }
+    vreg_fill(d->vd, dst);
+}
+
 static unsigned long emulated_count;
 
 unsigned long imegen_ime2_emu_count(void) {
@@ -354,6 +403,7 @@ unsigned long imegen_ime2_emu_count(void) {
 /* Run `word` on the live registers; NULL if it ran, else why it is not run (one line). */
 static const char *emulate(uint32_t word) {
     struct vpack pk;
+    struct vnpack4 np;
     struct vmadot_hp hp;
     struct vmadot d;
     if (vpack_decode(word, &pk)) {
@@ -362,6 +412,12 @@ static const char *emulate(uint32_t word) {
         if (!vpack_registers_legal(&pk))
             return "the destination pair vd, vd+1 of vpack/vupack overlaps a source register\n";
         vpack_execute(&pk);
+    } else if (vnpack4_decode(word, &np)) {
+        if (!vtype_allows_pack())
+            return "vnpack4 needs LMUL 1 and vl = VLMAX at SEW 8 to 64\n";
+        if (!vnpack4_registers_legal(&np))
+            return "vd of vnpack4 is a source register\n";
+        vnpack4_execute(&np);
     } else if (vmadot_hp_decode(word, &hp)) {
         if (!vtype_allows_ime2())
             return BAD_VTYPE;
@@ -376,10 +432,15 @@ static const char *emulate(uint32_t word) {
         vmadot_execute(&d);
     } else {
         return "not an IME2 instruction it runs (integer vmadot* i8/i4, vmadotN* i8, vmadot*.hp i8/i4 with "
-               "FP16 scales, vpack.vv, vupack.vv; FP16 code needs QEMU -cpu rv64,v=true,Zfh=true,vlen=1024)\n";
+               "FP16 scales, vpack.vv, vupack.vv, vnpack4.vv; FP16 code needs QEMU -cpu rv64,v=true,Zfh=true,vlen=1024)\n";
     }
     return NULL;
 }
+
+/* With IMEGEN_IME_HARTS set, only the harts it names have IME2: an illegal instruction elsewhere dies, as on a
+ * K3's X100 cores, so a test proves that the code under it never issues one there. */
+static int harts_restricted;
+static cpu_set_t ime2_harts;
 
 static void on_sigill(int sig, siginfo_t *si, void *ctx) {
     ucontext_t *uc = ctx;
@@ -387,6 +448,12 @@ static void on_sigill(int sig, siginfo_t *si, void *ctx) {
     uint32_t word;
     /* si_code <= 0: sent by kill()/raise(), so pc says nothing about the cause. */
     if (si->si_code <= 0 || !fetch_insn32(pc, &word)) {
+        die_honestly(sig);
+        return;
+    }
+    const int hart = harts_restricted ? sched_getcpu() : -1;
+    if (harts_restricted && (hart < 0 || hart >= CPU_SETSIZE || !CPU_ISSET(hart, &ime2_harts))) {
+        imegen_report_hart_without_ime("imegen IME2 emulator", "an IME2 (or illegal) instruction", hart);
         die_honestly(sig);
         return;
     }
@@ -408,6 +475,12 @@ void imegen_ime2_emu_install(void) {
                 "imegen IME2 emulator: IME2 requires VLEN=1024 (K3 A100), but this CPU has VLEN=%lu; "
                 "run QEMU with -cpu rv64,v=true,Zfh=true,vlen=1024\n",
                 vlenb * 8);
+        exit(3);
+    }
+    harts_restricted = imegen_emulated_harts(&ime2_harts);
+    if (harts_restricted < 0) {
+        fprintf(stderr, "imegen IME2 emulator: %s=\"%s\" is not a hart list (e.g. 8-15 or 8,10)\n",
+                IMEGEN_IME_HARTS_ENV, getenv(IMEGEN_IME_HARTS_ENV));
         exit(3);
     }
     struct sigaction sa;

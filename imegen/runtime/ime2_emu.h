@@ -4,8 +4,8 @@
  * performs the 8x16x8 int8 (or 8x32x8 int4) -> int32 multiply-accumulate on the live vector registers
  * and resumes after the instruction. It also runs the block-scaled vmadot*.hp forms (int8/int4 dot
  * products times FP16 scales, accumulated in FP16; FP16 only, BF16 needs MCPM.BF16) and the layout
- * instructions vpack.vv / vupack.vv. Requires VLEN = 1024 (the A100 geometry). Any other illegal
- * instruction, including IME2 forms it does not run (.sp, vfwmadot, vnpack*), still kills the program
+ * instructions vpack.vv / vupack.vv / vnpack4.vv. Requires VLEN = 1024 (the A100 geometry). Any other illegal
+ * instruction, including IME2 forms it does not run (.sp, vfwmadot, vnpack, vnspack, vnspack4), still kills the program
  * with SIGILL (docs/ime2-isa.md §6).
  */
 #ifndef IMEGEN_IME2_EMU_H

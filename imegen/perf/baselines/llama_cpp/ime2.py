@@ -5,22 +5,22 @@ the emulator installed, its results compared with a NumPy model of what the kern
 reference `gemm_kernel_*_mrow_ref` in the same file states it), computed from the input bytes alone.
 
 Build-time translation (translate): the vendor mnemonics become `.word`s from imegen's IME2 encoders:
-`vmadot{,u,su,us} ..., i8|i4` and `vmadot{,u,su,us}.hp ..., v0|v1, imm3, i8|i4` (targets/ime2/encoding.py)
-and `vpack.vv` / `vupack.vv` (encode_pack, spec §8.6.1). The one form the emulator does not run,
-`vnpack4.vv` (its semantics are not fixed by the spec: docs/ime2-isa.md §9), becomes `unimp`: the kernels
-that use it are compiled but never called (OUT_OF_SCOPE), and would die by SIGILL if they were. Policy-less
-`vsetvli` lines get `, tu, mu` (clang-19 requires a policy), as for IME1. `vsetvli ..., x0, e64, mf2` becomes
-`e64, m1`: QEMU (ELEN 64) sets vill for SEW 64 at LMUL 1/2, which the V spec allows an implementation to
-refuse and the K3 evidently accepts; the kernels use it only to slide 16-byte A sub-blocks between tile rows
-(i8i2k_m1: vslideup into zeroed registers from registers zero past their first 16 bytes; i8i3k_m1:
-vslidedown, of which only tile row 0 is used), where m1 leaves every row that reaches C unchanged.
+`vmadot{,u,su,us} ..., i8|i4` and `vmadot{,u,su,us}.hp ..., v0|v1, imm3, i8|i4` (targets/ime2/encoding.py),
+`vpack.vv` / `vupack.vv` (encode_pack, spec §8.6.1) and `vnpack4.vv` (encode_vnpack4, §8.6.2; the emulator
+runs it in the reading docs/ime2-isa.md §9.1 gives, which these kernels pin). Policy-less `vsetvli` lines get
+`, tu, mu` (clang-19 requires a policy), as for IME1. `vsetvli ..., x0, e64, mf2` becomes `e64, m1`: QEMU
+(ELEN 64) sets vill for SEW 64 at LMUL 1/2, which the V spec allows an implementation to refuse and the K3
+evidently accepts; the kernels use it only to slide 16-byte A sub-blocks between tile rows (i8i2k_m1:
+vslideup into zeroed registers from registers zero past their first 16 bytes; i8i3k_m1: vslidedown, of which
+only tile row 0 is used), where m1 leaves every row that reaches C unchanged.
 
 Which kernel needs what (the live code of ime2_kernels.cpp; docs/ime2-isa.md §9): every one of them lays
 out operands or results with vpack/vupack, so the emulator runs those two as well. Checked here, m4 and m1
 paths each: i8i8 (`gemm_kernel_i8i8`: Q8 weights, vmadot i8 + vpack + vupack), i8i2k (Q2_K: m4
 vmadotsu.hp, m1 vmadotsu i8; both vmadotsu/vmadotu for the zero points), i8i3k (Q3_K: m4 vmadot i8, m1
-vmadot.hp) and i8i5 (Q5_0 and Q5_1: vmadot i8, vpack at pack_len SEW 8). gemm_kernel_i8mxfp4 runs its scalar
-reference (its dispatcher's `#if 1`), so it has no IME2 to check."""
+vmadot.hp), i8i5 (Q5_0 and Q5_1: vmadot i8, vpack at pack_len SEW 8) and Q4_0's two (i8i4 for K blocks of 32,
+i8i4_hp for 256-code super-blocks: vnpack4 + vmadotsu.hp/vmadotu.hp i4). gemm_kernel_i8mxfp4 runs its scalar
+reference (its dispatcher's `#if 1`), so it has no IME2 to check.
 
 from __future__ import annotations
 
@@ -43,14 +43,15 @@ VLEN = 1024
 BLK_LEN = 32  # the kernels' fixed K block (their asm steps A and B by 32 codes)
 NB_COLS = 32  # B is repacked in groups of 32 columns
 
-# Entry points that need an instruction the emulator does not run (the dispatcher's live paths).
-OUT_OF_SCOPE = {
-    "gemm_kernel_i8i4": "vnpack4.vv (m1, m4)",
-    "gemm_kernel_i8i4_hp": "vnpack4.vv",
-    "moe_m2_gemm_kernel_i8i4": "vnpack4.vv",
-}
-
 _PACK_SIGN = {"": "ss", "u": "uu", "su": "su", "us": "us"}
+
+
+def encode_vnpack4(vd: int, vs1: int, vs2: int, imm2: int) -> int:
+    """`smt.vnpack4.vv vd, vs1, vs2, imm2` (spec §8.6.2): [31:26] 010000, [25] 1, vs2, vs1, [14] 0 (1 is the
+    saturating vnspack4), [13:12] imm2, vd (any register), custom-1."""
+    if not (0 <= min(vd, vs1, vs2) and max(vd, vs1, vs2) <= 31 and 0 <= imm2 <= 3):
+        raise ValueError(f"vnpack4 operands out of range: v{vd}, v{vs1}, v{vs2}, {imm2}")
+    return 0b010000 << 26 | 1 << 25 | vs2 << 20 | vs1 << 15 | imm2 << 12 | vd << 7 | 0x2B
 
 
 def encode_pack(vd: int, vs1: int, vs2: int, imm2: int, *, unpack: bool) -> int:
@@ -68,13 +69,13 @@ class Translation:
     vmadot: int   # emulated vmadot words (integer C)
     hp: int       # emulated vmadot*.hp words (FP16 C)
     pack: int     # emulated vpack/vupack words
-    unimp: int    # the form the emulator does not run (vnpack4.vv), made `unimp`
+    npack4: int   # emulated vnpack4.vv words
     vsetvli: int  # policies added
     e64_mf2: int  # `vsetvli ..., x0, e64, mf2` made `e64, m1` (QEMU sets vill for SEW 64 at LMUL 1/2)
 
 
 def translate(text: str) -> Translation:
-    """ime2_kernels.cpp with its IME2 mnemonics as `.word` (or `unimp`) and every vsetvli with a policy."""
+    """ime2_kernels.cpp with its IME2 mnemonics as `.word` and every vsetvli with a policy."""
     def vmadot(m: re.Match) -> str:
         word = encode_vmadot(int(m[2]), int(m[3]), int(m[4]), signedness=_PACK_SIGN[m[1]], dtype=m[5])
         return f".word 0x{word:08x}"
@@ -87,7 +88,10 @@ def translate(text: str) -> Translation:
     def pack(m: re.Match) -> str:
         return f".word 0x{encode_pack(int(m[2]), int(m[3]), int(m[4]), int(m[5]), unpack=m[1] == 'u'):08x}"
 
-    text, n_unimp = re.subn(r"\bvnpack4\.vv\s+v\d+(?:\s*,\s*(?:v\d+|\d+))+", "unimp", text)
+    def npack4(m: re.Match) -> str:
+        return f".word 0x{encode_vnpack4(int(m[1]), int(m[2]), int(m[3]), int(m[4])):08x}"
+
+    text, n_npack4 = re.subn(r"\bvnpack4\.vv\s+v(\d+),\s*v(\d+),\s*v(\d+),\s*(\d)\b", npack4, text)
     text, n_hp = re.subn(r"\bvmadot(u|su|us|)\.hp\s+v(\d+),\s*v(\d+),\s*v(\d+),\s*v([01]),\s*(\d),\s*(i8|i4)\b",
                          vmadot_hp, text)
     text, n_vmadot = re.subn(r"\bvmadot(u|su|us|)\s+v(\d+),\s*v(\d+),\s*v(\d+),\s*(i8|i4)\b", vmadot, text)
@@ -97,21 +101,25 @@ def translate(text: str) -> Translation:
         raise ToolchainError(f"ime2_kernels.cpp: an IME2 instruction the translation does not handle: {left[0]!r}", [])
     text, n_mf2 = re.subn(r"(vsetvli\s+\w+,\s*x0,\s*e64,\s*)mf2\b", r"\1m1", text)
     text, n_vset = re.subn(r"(vseti?vli\s+[\w%\[\]]+,\s*[\w%\[\]]+,\s*e\d+,\s*m?f?\d+)(\s*\\n)", r"\1, tu, mu\2", text)
-    return Translation(text, n_vmadot, n_hp, n_pack, n_unimp, n_vset, n_mf2)
+    return Translation(text, n_vmadot, n_hp, n_pack, n_npack4, n_vset, n_mf2)
 
 
-def build(log=None) -> Path:
-    """The driver linked with the translated ime2_kernels.cpp and the IME2 emulator (cached)."""
+def build(log=None, *, emulator: str | None = None) -> Path:
+    """The driver linked with the translated ime2_kernels.cpp and the IME2 emulator (cached). `emulator`: the
+    text of another emulator source to link instead of runtime/ime2_emu.c (the tests link variants of it that
+    read vnpack4 differently, to show that the kernels tell the readings apart)."""
     ggml = sources(log)
     spacemit = ggml / SPACEMIT
     tr = translate((spacemit / "ime2_kernels.cpp").read_text())
+    emu_text = emulator if emulator is not None else (toolchain.RUNTIME_DIR / "ime2_emu.c").read_text()
     inputs = cache.Inputs(files=(DRIVER, *toolchain.runtime_files()),
-                          strings=(SDIST_SHA256, tr.text, MARCH), tools=(toolchain.CLANG,))
+                          strings=(SDIST_SHA256, tr.text, MARCH, emu_text), tools=(toolchain.CLANG,))
 
     def fill(d: Path) -> None:
         if log:
             log("llama.cpp: building ime2_kernels.cpp and the IME2 driver (clang-19)")
         (d / "ime2_kernels.cpp").write_text(tr.text)
+        (d / "ime2_emu.c").write_text(emu_text)
         cxx = [toolchain.CLANG.replace("clang", "clang++"), "--target=riscv64-linux-gnu", "--gcc-toolchain=/usr",
                f"-march={MARCH}", "-O2", "-std=c++20", "-DRISCV64_SPACEMIT_IME2",
                *[f"-isystem{p}" for p in (spacemit, ggml / "include", ggml / "src", ggml / "src/ggml-cpu")],
@@ -120,7 +128,7 @@ def build(log=None) -> Path:
         _run([*cxx, "-c", str(d / "ime2_kernels.cpp"), "-o", str(objs[0])], "compiling ime2_kernels.cpp")
         _run([*cxx, "-Wall", "-Wextra", "-Werror", "-c", str(DRIVER), "-o", str(objs[1])], "compiling the driver")
         # rv64gc: the emulator's C code must not touch the live vector registers.
-        toolchain.compile_c([toolchain.RUNTIME_DIR / "ime2_emu.c"], objs[2], march="rv64gc")
+        toolchain.compile_c([d / "ime2_emu.c"], objs[2], march="rv64gc", include_dirs=[toolchain.RUNTIME_DIR])
         _run([*cxx, "-static", *map(str, objs), "-o", str(d / "ime2_peer")], "linking")
 
     return cache.entry("llama-ime2", inputs.key(), fill) / "ime2_peer"
@@ -501,3 +509,202 @@ class Q5Case:
         acc = dots + zps[None] * self.a_sums.astype(np.int64)[:, None, :]
         terms = acc * self.a_scales.astype(np.float64)[:, None, :] * self.b_d.astype(np.float64)[None]
         return terms.sum(axis=2), np.abs(terms).sum(axis=2)
+
+
+# ---------------------------------------------------------------- Q4_0: gemm_kernel_i8i4 (blocks of 32), gemm_kernel_i8i4_hp (256)
+
+def pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """Q4_0's qs as the kernels read them ((..., 2j) codes 0..15 -> (..., j) bytes): code 2j in bits 3:0 of byte j,
+    code 2j+1 in bits 7:4 (gemm_kernel_i8i4_mrow_ref's b0 = b & 0x0F, b1 = b >> 4)."""
+    c = codes.astype(np.uint8)
+    return c[..., 0::2] | c[..., 1::2] << 4
+
+
+def split_dots(a_codes: np.ndarray, b_codes: np.ndarray, sub: int) -> tuple[np.ndarray, np.ndarray]:
+    """(hi, lo), each (M, N, blocks): the exact dots of B's codes with A's high nibbles (a >> 4, signed -8..7) and
+    low nibbles (a & 15, 0..15) per run of `sub` codes: the kernels split A so (vsrl + vnpack4, vmadotsu /
+    vmadotu i4), and a = 16 * hi + lo."""
+    M, N = a_codes.shape[0], b_codes.shape[0]
+    a = a_codes.astype(np.int64).reshape(M, -1, sub)
+    b = b_codes.astype(np.int64).reshape(N, -1, sub)
+    return np.einsum("mbk,nbk->mnb", a >> 4, b), np.einsum("mbk,nbk->mnb", a & 15, b)
+
+
+def hp_step(H: np.ndarray, dot: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """One vmadot*.hp cell (docs/ime2-isa.md §6.2): fp16(H + fp16(fp16(dot) * scale)), each step rounded."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return H + dot.astype(np.float64).astype(np.float16) * scale
+
+
+@dataclass(frozen=True)
+class Q40Case:
+    """Q8 A (per row and block of 32: fp32 scale, int16 sum, int8 codes) times Q4_0 B (per column and block: fp16
+    scale d, codes q 0..15): C = sum over blocks of a_scale * d * (dot(a, q) + 8 * a_sum), a_sum stored with A
+    (gemm_kernel_i8i4_mrow_ref; llama.cpp's quantizer stores minus the codes' sum, making it d * (q - 8);
+    random() does the same). What the kernels compute (m1 and m4 alike): H = fp16(int16(8 * a_sum)) in an FP16
+    .hp tile, then vmadotsu.hp with A's high nibbles at scale 16 and vmadotu.hp with its low nibbles at scale 1
+    (hp_step each), then a_scale * (d * H) in fp32."""
+    a_codes: np.ndarray   # (M, kb, 32) int8
+    a_scales: np.ndarray  # (M, kb) fp32
+    a_sums: np.ndarray    # (M, kb) int16
+    b_codes: np.ndarray   # (N, kb, 32) 0..15
+    b_d: np.ndarray       # (N, kb) fp16
+
+    blk_len = BLK_LEN
+    kernel = "i8i4"
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.a_codes.shape[0], self.b_codes.shape[0], self.a_codes.shape[1]
+
+    @staticmethod
+    def random(rng: np.random.Generator, M: int, N: int, kb: int, *, extreme: bool = False) -> Q40Case:
+        """Random codes, or (extreme) A codes at -127/127 (llama.cpp's quantizer never writes -128: its scale is
+        max / 127) and B codes at 0/15: the FP16 tile then reaches about 60000, and fp16(dot) rounds."""
+        if extreme:
+            a = np.where(rng.random((M, kb, BLK_LEN)) < 0.5, -127, 127).astype(np.int8)
+            b = np.where(rng.random((N, kb, BLK_LEN)) < 0.5, 0, 15)
+        else:
+            a = rng.integers(-127, 128, (M, kb, BLK_LEN)).astype(np.int8)
+            b = rng.integers(0, 16, (N, kb, BLK_LEN))
+        return Q40Case(a, rng.uniform(0.001, 0.02, (M, kb)).astype(np.float32),
+                       -a.astype(np.int16).sum(axis=2, dtype=np.int16), b,
+                       rng.uniform(-0.02, 0.02, (N, kb)).astype(np.float16))
+
+    def a_bytes(self) -> bytes:
+        return q8_a_bytes(self.a_codes, self.a_scales, self.a_sums)
+
+    def b_bytes(self) -> bytes:
+        """Per group of 32 columns and block: the 32 fp16 scales, then column ci's 16 bytes at ci * 16."""
+        N, kb, _ = self.b_codes.shape
+        out = []
+        for n in range(0, N, NB_COLS):
+            for k in range(kb):
+                out += [self.b_d[n:n + NB_COLS, k].tobytes(), pack_nibbles(self.b_codes[n:n + NB_COLS, k]).tobytes()]
+        return b"".join(out)
+
+    def reference(self) -> tuple[np.ndarray, np.ndarray]:
+        """(C, bound): the FP16 part step by step (the int16 product 8 * a_sum as the kernel's e16 vmul/vsll
+        forms it), the fp32 part in float64; bound = sum of the fp32 terms' magnitudes."""
+        hi, lo = split_dots(self.a_codes, self.b_codes, BLK_LEN)
+        zp = (8 * self.a_sums.astype(np.int64)).astype(np.int16)          # (M, kb), wraps like the kernel
+        H = np.broadcast_to(zp.astype(np.float64).astype(np.float16)[:, None, :], hi.shape)
+        H = hp_step(hp_step(H, hi, np.float16(16)), lo, np.float16(1))
+        terms = self.a_scales.astype(np.float64)[:, None, :] * (self.b_d.astype(np.float64)[None] * H)
+        return terms.sum(axis=2), np.abs(terms).sum(axis=2)
+
+
+HP_SUPER = 256  # gemm_kernel_i8i4_hp's K block: 8 sub-blocks of 32 codes
+HP_SUBS = 8
+
+
+@dataclass(frozen=True)
+class Q40HPCase:
+    """Q8 HP A times Q4_0 B in 256-code super-blocks (gemm_kernel_i8i4_hp, which llama.cpp takes when K is a
+    multiple of 256). A per row group (4 rows for _m4, else 1) and super-block, as quantize_a_*row_i8_hp writes
+    it: 8 x (the group's fp16 sub-block scales, its rows' 32 codes each), then the rows' fp16 sums [row][8]
+    (fp16(fp16(-sum) * 8)), then the rows' fp16 scale_avg. Only the group's first row's scales are read (the
+    4-row quantizer shares one scale per sub-block; mrow_ref reads a_scale_row[0] and a_scale_avg_row[0]).
+    B per column and sub-block: fp16 d and 32 codes 0..15.
+
+    Per super-block and cell: s = fp16(d * a_scale), s16 = s times 16 (m1: fp16(s * 16); m4: fp16(d * fp16(a_scale
+    * 16))); per sub-block, in order, the fp32 term avg * fp16(s * a_sum) and the FP16 tile H += high-nibble dot
+    at s16, then low-nibble dot at s (hp_step); at the end the fp32 term avg * H."""
+    a_codes: np.ndarray       # (M, kb, 256) int8
+    a_sub_scales: np.ndarray  # (M, kb, 8) fp16 (a group reads its first row's)
+    a_sums: np.ndarray        # (M, kb, 8) fp16
+    a_avg: np.ndarray         # (M, kb) fp16 (a group reads its first row's)
+    b_codes: np.ndarray       # (N, kb, 256) 0..15
+    b_d: np.ndarray           # (N, kb, 8) fp16
+
+    blk_len = HP_SUPER
+    kernel = "i8i4hp"
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.a_codes.shape[0], self.b_codes.shape[0], self.a_codes.shape[1]
+
+    @staticmethod
+    def random(rng: np.random.Generator, M: int, N: int, kb: int, *, extreme: bool = False) -> Q40HPCase:
+        if extreme:
+            a = np.where(rng.random((M, kb, HP_SUPER)) < 0.5, -127, 127).astype(np.int8)
+            b = np.where(rng.random((N, kb, HP_SUPER)) < 0.5, 0, 15)
+        else:
+            a = rng.integers(-127, 128, (M, kb, HP_SUPER)).astype(np.int8)
+            b = rng.integers(0, 16, (N, kb, HP_SUPER))
+        sums = -a.astype(np.int64).reshape(M, kb, HP_SUBS, 32).sum(axis=3)
+        return Q40HPCase(a, rng.uniform(0.5, 1.5, (M, kb, HP_SUBS)).astype(np.float16),
+                         sums.astype(np.float16) * np.float16(8), rng.uniform(0.001, 0.02, (M, kb)).astype(np.float16),
+                         b, rng.uniform(-0.02, 0.02, (N, kb, HP_SUBS)).astype(np.float16))
+
+    def a_bytes(self) -> bytes:
+        out, m = [], 0
+        for g in row_groups(self.a_codes.shape[0]):
+            rows = slice(m, m + g)
+            for kb in range(self.a_codes.shape[1]):
+                for s in range(HP_SUBS):
+                    out += [self.a_sub_scales[rows, kb, s].tobytes(),
+                            self.a_codes[rows, kb, 32 * s:32 * s + 32].tobytes()]
+                out += [self.a_sums[rows, kb].tobytes(), self.a_avg[rows, kb].tobytes()]
+            m += g
+        return b"".join(out)
+
+    def b_bytes(self) -> bytes:
+        N, kb, _ = self.b_codes.shape
+        out = []
+        for n in range(0, N, NB_COLS):
+            cols = slice(n, n + NB_COLS)
+            for k in range(kb):
+                for s in range(HP_SUBS):
+                    out += [self.b_d[cols, k, s].tobytes(),
+                            pack_nibbles(self.b_codes[cols, k, 32 * s:32 * s + 32]).tobytes()]
+        return b"".join(out)
+
+    def leaders(self) -> np.ndarray:
+        """(M,) the first row of each row's group: whose scales the kernel reads."""
+        groups = row_groups(self.a_codes.shape[0])
+        return np.repeat(np.cumsum([0] + groups[:-1]), groups)
+
+    def reference(self) -> tuple[np.ndarray, np.ndarray]:
+        M, kb = self.a_codes.shape[:2]
+        lead = self.leaders()
+        m4 = m4_rows(M)[:, None, None]
+        a_s = self.a_sub_scales[lead][:, None]                       # (M, 1, kb, 8)
+        d = self.b_d[None]                                           # (1, N, kb, 8)
+        s = d * a_s                                                  # fp16 products
+        with np.errstate(over="ignore"):
+            s16 = np.where(m4[..., None], d * (a_s * np.float16(16)), s * np.float16(16))
+        hi, lo = split_dots(self.a_codes, self.b_codes, 32)          # (M, N, kb * 8)
+        hi, lo = hi.reshape(*hi.shape[:2], kb, HP_SUBS), lo.reshape(*lo.shape[:2], kb, HP_SUBS)
+        avg = self.a_avg[lead].astype(np.float64)[:, None, :]        # (M, 1, kb)
+        H = np.zeros(hi.shape[:3], np.float16)
+        zp_terms = []
+        for k in range(HP_SUBS):
+            with np.errstate(over="ignore"):
+                z = s[..., k] * self.a_sums[:, None, :, k]
+            zp_terms.append(avg * z.astype(np.float64))
+            H = hp_step(hp_step(H, hi[..., k], s16[..., k]), lo[..., k], s[..., k])
+        terms = np.stack(zp_terms + [avg * H.astype(np.float64)])   # (9, M, N, kb)
+        return terms.sum(axis=(0, 3)), np.abs(terms).sum(axis=(0, 3))
+
+
+def error_units(run: PeerRun, reference: tuple[np.ndarray, np.ndarray]) -> float:
+    """max |C - model| in units of 1e-5 x the sum of the fp32 terms' magnitudes."""
+    want, bound = reference
+    return float((np.abs(run.C.astype(np.float64) - want) / (1e-5 * bound + 1e-30)).max())
+
+
+def q40_definition(case: Q40Case | Q40HPCase) -> np.ndarray:
+    """What the kernels approximate: the product of the dequantized matrices in float64, A = a_scale * code (HP:
+    the group's scale_avg x its sub-block scale x code), B = d * (q - 8). The models above differ from it by
+    the kernels' FP16 rounding only (and, for HP, the fp16 rounding of the stored sums)."""
+    M, N = case.shape[:2]
+    if isinstance(case, Q40Case):
+        A = case.a_codes.astype(np.float64) * case.a_scales.astype(np.float64)[:, :, None]
+        B = case.b_d.astype(np.float64)[:, :, None] * (case.b_codes - 8)
+        return A.reshape(M, -1) @ B.reshape(N, -1).T
+    lead = case.leaders()
+    a_scale = case.a_avg[lead].astype(np.float64)[:, :, None] * case.a_sub_scales[lead].astype(np.float64)
+    A = case.a_codes.astype(np.float64).reshape(M, -1, HP_SUBS, 32) * a_scale[..., None]
+    B = case.b_d.astype(np.float64)[..., None] * (case.b_codes.reshape(N, -1, HP_SUBS, 32) - 8)
+    return A.reshape(M, -1) @ B.reshape(N, -1).T

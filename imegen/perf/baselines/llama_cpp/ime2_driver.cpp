@@ -77,9 +77,13 @@ int main(int argc, char **argv)
 
     // A per row and k block: fp32 scale, int16 sums (one per 16 codes for the K-quants, one per block for
     // i8i8: rvv_kernels.h's q8k_blk_size / q8_blk_size(.., true)), blk_len int8 codes. B per column and k
-    // block: i8i8 an fp16 scale and blk_len int8 codes; the K-quants their nrow_block_q*_k<32> over 32 columns.
+    // block: i8i8 an fp16 scale and blk_len int8 codes; i8i4 (Q4_0) an fp16 scale and blk_len / 2 bytes of
+    // nibbles; the K-quants their nrow_block_q*_k<32> over 32 columns.
     const size_t q8k_row = sizeof(float) + sizeof(int16_t) * blk_len / 16 + blk_len;
     const size_t q8_row = sizeof(float) + sizeof(int16_t) + blk_len;
+    // Q4_0 for the HP kernel (blk_len 256): A per row and super-block 8 x (fp16 scale, 32 codes), 8 fp16 sums and
+    // an fp16 scale_avg (q8_hp_blk_size(256, true, true)); B per column 8 x (fp16 scale, 16 bytes of nibbles).
+    const size_t q8_hp_row = blk_len + 2 * sizeof(uint16_t) * (blk_len / 32) + sizeof(uint16_t);
     const entry  entries[] = {
         { "i8i8", spacemit_kernels::ime2::gemm_kernel_i8i8, q8_row, 2 + blk_len, false },
         { "i8i2k", spacemit_kernels::ime2::gemm_kernel_i8i2k, q8k_row,
@@ -90,6 +94,8 @@ int main(int argc, char **argv)
          false },
         { "i8i5zp", spacemit_kernels::ime2::gemm_kernel_i8i5, q8_row,
          sizeof(spacemit_kernels::nrow_block_q5_1<32>) / 32, true },
+        { "i8i4", spacemit_kernels::ime2::gemm_kernel_i8i4, q8_row, 2 + blk_len / 2, false },
+        { "i8i4hp", spacemit_kernels::ime2::gemm_kernel_i8i4_hp, q8_hp_row, (blk_len / 32) * (2 + 16), false },
     };
     static const uint8_t zp_flag = 0;
     const entry *e = nullptr;
