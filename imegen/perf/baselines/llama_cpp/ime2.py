@@ -20,7 +20,7 @@ paths each: i8i8 (`gemm_kernel_i8i8`: Q8 weights, vmadot i8 + vpack + vupack), i
 vmadotsu.hp, m1 vmadotsu i8; both vmadotsu/vmadotu for the zero points), i8i3k (Q3_K: m4 vmadot i8, m1
 vmadot.hp), i8i5 (Q5_0 and Q5_1: vmadot i8, vpack at pack_len SEW 8) and Q4_0's two (i8i4 for K blocks of 32,
 i8i4_hp for 256-code super-blocks: vnpack4 + vmadotsu.hp/vmadotu.hp i4). gemm_kernel_i8mxfp4 runs its scalar
-reference (its dispatcher's `#if 1`), so it has no IME2 to check.
+reference (its dispatcher's `#if 1`), so it has no IME2 to check."""
 
 from __future__ import annotations
 
