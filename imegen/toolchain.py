@@ -197,9 +197,10 @@ def parse_harts(text: str) -> tuple[int, ...]:
     return tuple(sorted(harts))
 
 
-def ime_harts(cpuinfo: str, override: str | None = None) -> tuple[int, ...]:
+def ime_harts(cpuinfo: str, override: str | None = None, marchid: int = MARCHID_A60) -> tuple[int, ...]:
     """The harts that execute vmadot: IMEGEN_IME_HARTS if set, else from /proc/cpuinfo's marchid per hart
-    (A60 harts; or harts 0-3 of a K1 reporting eight X60 harts). QEMU reports no marchid: none."""
+    (harts reporting `marchid`; for the K1's A60, also harts 0-3 of a K1 reporting eight X60 harts), as
+    runtime/harts.h reads it. QEMU reports no marchid: none."""
     if override is not None:
         return parse_harts(override)
     marchids = {}
@@ -208,10 +209,10 @@ def ime_harts(cpuinfo: str, override: str | None = None) -> tuple[int, ...]:
         arch = re.search(r"^marchid\s*:\s*(0x[0-9a-fA-F]+)", block, re.M)
         if hart and arch:
             marchids[int(hart.group(1))] = int(arch.group(1), 16)
-    a60 = tuple(sorted(h for h, a in marchids.items() if a == MARCHID_A60))
-    if a60:
-        return a60
-    if sorted(marchids) == list(range(8)) and set(marchids.values()) == {MARCHID_X60}:
+    named = tuple(sorted(h for h, a in marchids.items() if a == marchid))
+    if named:
+        return named
+    if marchid == MARCHID_A60 and sorted(marchids) == list(range(8)) and set(marchids.values()) == {MARCHID_X60}:
         return K1_IME_HARTS
     return ()
 

@@ -398,9 +398,8 @@ def test_a_given_spec_is_used_as_is(tmp_path, capsys, built):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--target", "k3"], "error: --target k3: not yet"),
     (["--spec", "SPEC"], "TMP/mine.imegen:1:17: error: 'op' must be one of"),
-], ids=["k3", "bad_spec"])
+], ids=["bad_spec"])
 def test_user_errors_are_one_line_exit_2(tmp_path, capsys, built, args, message):
     (tmp_path / "mine.imegen").write_text("kernel k { op = nonsense }\n")
     model = saved(chain(dict(N=64, K=64)), tmp_path)

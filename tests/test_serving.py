@@ -184,10 +184,11 @@ HARTS_DRIVER = r"""
 #include "harts.h"
 int main(int argc, char **argv) {
     cpu_set_t set;
-    if (argc > 1) { /* a hart list */
+    if (argc > 1 && strncmp(argv[1], "0x", 2)) { /* a hart list */
         if (imegen_parse_harts(argv[1], &set)) { puts("bad"); return 0; }
-    } else { /* a cpuinfo text on stdin */
-        printf("reported %d: ", imegen_harts_from_cpuinfo(stdin, &set));
+    } else { /* a cpuinfo text on stdin; argv[1]: the IME harts' marchid (default the K1's A60) */
+        const unsigned long long marchid = argc > 1 ? strtoull(argv[1], NULL, 16) : IMEGEN_MARCHID_A60;
+        printf("reported %d: ", imegen_harts_from_cpuinfo(stdin, &set, marchid));
     }
     for (int h = 0; h < 16; h++) if (CPU_ISSET(h, &set)) printf("%d ", h);
     puts(CPU_COUNT(&set) ? "" : "none");
@@ -223,7 +224,7 @@ def cpuinfo(marchids):
                    + (f"marchid\t\t: {m:#x}\n" if m is not None else "") + "\n" for i, m in enumerate(marchids))
 
 
-X60, A60, X100 = 0x8000000058000001, 0x8000000041000001, 0x8000000058000002
+X60, A60, X100, A100 = 0x8000000058000001, 0x8000000041000001, 0x8000000058000002, 0x8000000041000002
 
 
 @pytest.mark.parametrize("marchids, expect", [
@@ -238,6 +239,20 @@ def test_cpuinfo_marchids(harts_exe, marchids, expect):
     got = subprocess.run([harts_exe], input=cpuinfo(marchids), capture_output=True, text=True).stdout.strip()
     assert got == expect
     assert (" ".join(map(str, toolchain.ime_harts(cpuinfo(marchids)))) or "none") == expect.split(": ")[1].strip()
+
+
+@pytest.mark.parametrize("marchids, expect", [
+    ([X100] * 8 + [A100] * 8, "reported 16: 8 9 10 11 12 13 14 15"),  # a K3: IME2 on its A100 cores only
+    ([X60] * 8, "reported 8: none"),  # a K1 has no IME2, and the K1's cores-0-3 rule is not the K3's
+    ([A60] * 4, "reported 4: none"),
+    ([None] * 4, "reported 0: none"),  # QEMU
+])
+def test_cpuinfo_marchids_of_a_k3(harts_exe, marchids, expect):
+    """The IME2 harts a K3 library finds (marchid A100, llama.cpp's ime_env.cpp), and imegen's own reading alike."""
+    got = subprocess.run([harts_exe, hex(A100)], input=cpuinfo(marchids), capture_output=True, text=True).stdout.strip()
+    assert got == expect
+    mine = toolchain.ime_harts(cpuinfo(marchids), marchid=A100)
+    assert (" ".join(map(str, mine)) or "none") == expect.split(": ")[1].strip()
 
 
 # --------------------------------------------------------------------------- one packed copy per layout

@@ -54,7 +54,7 @@ LONG_PROMPT_ROWS = 256  # min_rows of the M = 512 winner: the geometric mean of 
 FALLBACK_VLEN = 256
 INT8_LEVEL = 4
 FP32_LEVEL = 0
-TARGETS = ("k1", "k3")
+TARGETS = ("k1", "k3")  # the boards (Board below)
 OUTPUTS = ("model.onnx", "libimegen_ort.so", "model.imegen", "report.txt")
 BIG_MODEL = 64 << 20  # bytes of model file worth a progress line: reading it takes a second or more
 ROLE_WORDS = {"m1": "M = 1 (decode)", "m2": "M > 1 (prefill)", "m256": f"M >= {LONG_PROMPT_ROWS} (long prompts)",
@@ -323,10 +323,57 @@ def fp32_config(group: Group, role: str) -> Config:
     return Config(tuple(sorted(settings.items())), "bench's rvv-fp32 baseline")
 
 
-def roles_for(group: Group, table: list[TunedCase], N: int, K: int) -> dict[str, Config]:
+# ----------------------------------------------------------------------------- boards
+@dataclass(frozen=True)
+class Board:
+    """What ort-accelerate derives kernels for: a SoC, its IME target and where its other harts' VLEN stands."""
+
+    name: str  # --target
+    title: str  # the SoC, for the spec's header and messages
+    ime_target: str  # the DSL target of its IME kernels
+    tuned: bool  # its IME configs come from the tuning table (else from K3_CONFIGS)
+    ime_vlen: int  # the VLEN of its IME harts (what model checks emulate)
+
+
+BOARDS = {"k1": Board("k1", "SpacemiT K1", "ime", True, 256),
+          "k3": Board("k3", "SpacemiT K3", "ime2", False, 1024)}
+
+# The K3's IME2 configs (untuned: there is no A100 cost model to tune them under yet): the gemv and gemm of
+# examples/ime2_k3.imegen, the gemm with the gemv's packing (32-column panels, ORT's nibble order) so one copy of
+# B serves both. 16 k per vmadot and two steps per 4-bit byte row: k_unroll 2 where the block allows it.
+K3_CONFIGS = {"gemv": {"tile": "1x32", "unpack": "interleaved", "panel": 32},
+              "gemm": {"tile": "16x32", "unpack": "interleaved", "panel": 32}}
+
+
+def k3_config(group: Group, op: str) -> Config | SpecError:
+    """The K3's IME2 kernel for op with the group's quantization; the validator's refusal when it has none."""
+    settings = {"op": op, "target": "ime2", "compute": "int8", **K3_CONFIGS[op], **group.quantization(),
+                "k_unroll": 2 if group.block % 32 == 0 else 1}
+    got = _validate(settings)
+    if isinstance(got, SpecError):
+        return got
+    return Config(tuple(sorted(settings.items())), f"the K3's IME2 {op} (examples/ime2_k3.imegen's, untuned)")
+
+
+def board_refusal(board: Board, need: NodeNeeds, compute: str | None) -> str:
+    """Why the board's kernels cannot serve an otherwise servable node ("" when they can)."""
+    group = Group.of(with_compute(need, compute))
+    if board.tuned or group.compute == "fp32":
+        return ""
+    for op in ("gemv", "gemm"):
+        got = k3_config(group, op)
+        if isinstance(got, SpecError):
+            return (f"no {board.title} IME2 kernel for {group.bits}-bit block {group.block}: "
+                    f"{got.message.split(': ', 1)[-1]}")
+    return ""
+
+
+def roles_for(group: Group, table: list[TunedCase], N: int, K: int, board: Board = BOARDS["k1"]) -> dict[str, Config]:
     """The configs serving one shape of a group: role (m1, m2, m256, fallback) -> config."""
     if group.compute == "fp32":
         return {"m1": fp32_config(group, "m1"), "m2": fp32_config(group, "m2")}
+    if not board.tuned:  # board_refusal() left out the groups its configs refuse
+        return {"m1": k3_config(group, "gemv"), "m2": k3_config(group, "gemm"), "fallback": fallback_config(group)}
     roles = {"m1": tuned_config(table, group, N, K, "m1")}
     roles.update({r: tuned_config(table, group, N, K, r, pack_like=roles["m1"]) for r in ("m2", "m256")})
     if roles["m256"].settings == roles["m2"].settings:
@@ -403,14 +450,14 @@ class _Assignment:
     group_shapes: dict[Group, list[tuple[int, int]]] = field(default_factory=dict)
     group_nodes: dict[Group, list[str]] = field(default_factory=dict)
 
-    def add(self, i: int, name: str, need: NodeNeeds, table: list[TunedCase]) -> None:
+    def add(self, i: int, name: str, need: NodeNeeds, table: list[TunedCase], board: Board) -> None:
         group, shape = Group.of(need), (need.N, need.K)
         shapes = self.group_shapes.setdefault(group, [])
         if shape not in shapes:
             shapes.append(shape)
         self.group_nodes.setdefault(group, []).append(name)
         self.chosen[i] = {}
-        for role, config in roles_for(group, table, *shape).items():
+        for role, config in roles_for(group, table, *shape, board).items():
             k = self.kernels.setdefault((group, role, config.settings), _Kernel(group, role, config.settings))
             k.shapes.setdefault(shape if role != "fallback" else (0, 0), (config.origin, []))[1].append(name)
             self.chosen[i][role] = k
@@ -430,24 +477,29 @@ class _Assignment:
 
 
 SPEC_HEADER = """\
-# imegen ort-accelerate: kernels for {model}'s MatMulNBits nodes on a SpacemiT K1.
-# IME configs: imegen's tuning table (imegen/ort/tuning.json, the winners of bench/results/tune.json: the best
-# config per Qwen2.5-0.5B weight shape x M x block under the X60 cost model; modeled, not measured on hardware);
+# imegen ort-accelerate: kernels for {model}'s MatMulNBits nodes on a {board}.
+# {ime_origin}
 # rvv fp32 kernels: bench's rvv-fp32 baseline; fallback kernels run where no IME hart is reachable.
 # Edit it and pass it back: imegen ort-accelerate MODEL -o OUT_DIR --spec OUT_DIR/model.imegen
 """
+IME_ORIGIN = {
+    True: "IME configs: imegen's tuning table (imegen/ort/tuning.json, the winners of bench/results/tune.json: the best\n"
+          "# config per Qwen2.5-0.5B weight shape x M x block under the X60 cost model; modeled, not measured on hardware);",
+    False: "IME2 configs: the gemv and gemm of examples/ime2_k3.imegen, untuned (no A100 cost model to tune under yet);"}
 
 
 def derive(nodes: list[InspectedNode], *, compute: str | None = None, model_name: str = "the model",
-           table: list[TunedCase] | None = None) -> Derivation:
-    """The spec serving every servable node with kernels chosen for its shape (see the module's doc)."""
+           table: list[TunedCase] | None = None, board: Board = BOARDS["k1"]) -> Derivation:
+    """The spec serving every servable node with kernels chosen for its shape (see the module's doc); `nodes`
+    as for_board() leaves them."""
     table = tuning_table() if table is None else table
     work = _Assignment()
     for i, node in enumerate(nodes):
         if node.need is not None and not node.why_not:
-            work.add(i, node.name, with_compute(node.need, compute), table)
+            work.add(i, node.name, with_compute(node.need, compute), table, board)
     body = [line for k in work.named() for line in (*_kernel_comment(k, work.group_nodes[k.group]), _kernel_text(k))]
-    text = "\n".join([SPEC_HEADER.format(model=model_name), *body])
+    text = "\n".join([SPEC_HEADER.format(model=model_name, board=board.title, ime_origin=IME_ORIGIN[board.tuned]),
+                      *body])
     specs = specs_from_text(text, "model.imegen") if work.kernels else []
     derivation = Derivation(text, specs, work.intended())
     _check_serving(derivation, nodes, compute)
@@ -596,10 +648,15 @@ def summary_line(nodes: list[InspectedNode], decisions, n_kernels: int, opts: Op
     return f"{head}; {len(nodes) - served} kept ({kept})" + ("" if served else "; no library built")
 
 
+def for_board(nodes: list[InspectedNode], board: Board, compute: str | None) -> list[InspectedNode]:
+    """The nodes with why_not also saying what the board's own kernels refuse."""
+    return [replace(n, why_not=board_refusal(board, n.need, compute)) if n.need is not None and not n.why_not else n
+            for n in nodes]
+
+
 def _checked_output(opts: Options) -> Path:
-    if opts.target != "k1":
-        raise AccelerateError(f"--target {opts.target}: not yet: imegen's IME kernels and tuning are for the K1's X60 "
-                              "cores (vmadot at VLEN 256); the only target for now is k1")
+    if opts.target not in BOARDS:
+        raise AccelerateError(f"--target {opts.target}: unknown board (expected {' or '.join(BOARDS)})")
     out = opts.out_dir
     if out.exists() and not out.is_dir():
         raise AccelerateError(f"-o {out}: exists and is not a folder")
@@ -635,7 +692,7 @@ def _kernels(opts: Options, nodes: list[InspectedNode], attention: bool = False
     spec also gets the tuned attention kernel (attention_block())."""
     if opts.spec is not None:
         return load_specs(opts.spec), opts.spec.read_text(), None
-    derived = derive(nodes, compute=opts.compute, model_name=opts.model.name)
+    derived = derive(nodes, compute=opts.compute, model_name=opts.model.name, board=BOARDS[opts.target])
     text = derived.text + ("\n" + attention_block() if attention and derived.specs and opts.decoder else "")
     return derived.specs, text, derived.intended
 
@@ -677,7 +734,8 @@ def accelerate(opts: Options) -> Outcome:
     model = load_model(opts.model)
     out = _checked_output(opts)
     folded = fold_bias_adds(model, load_specs(opts.spec) if opts.spec else None)
-    nodes = inspect_model(model)
+    nodes = for_board(inspect_model(model), BOARDS[opts.target], opts.compute) if opts.spec is None else \
+        inspect_model(model)
     externals = [_own_location(loc, opts.model.parent) for loc in external_files(model)]
     specs, spec_text, intended = _kernels(opts, nodes, has_attention(model))
     lowered = lower_to_fp32(model, specs) if opts.compute == "fp32" else set()
@@ -734,7 +792,9 @@ def notes(decisions, lowered: set[int], opts: Options) -> list[str]:
         out.append("note: --compute fp32 runs accuracy_level 4 nodes in fp32 (accuracy_level 0 in model.onnx): "
                    "slower than IME, and at least as accurate as ORT's level 4")
     if opts.flavour == "qemu" and any(d.moved for d in decisions):
-        out.append("note: qemu flavour: libimegen_ort.so emulates IME under QEMU; never load it on hardware")
+        vlen = BOARDS[opts.target].ime_vlen
+        out.append(f"note: qemu flavour: libimegen_ort.so emulates IME under QEMU (-cpu rv64,v=true,vlen={vlen},Zfh=true); "
+                   "never load it on hardware")
     return out
 
 
@@ -746,14 +806,16 @@ def add_matmul_only(parser) -> None:
 
 
 def add_parser(sub) -> None:
-    p = add_command(sub, "ort-accelerate", "rewrite an int4/int8 ONNX model for a K1 and build its custom-op library, "
-                    "kernels chosen per node shape (no spec needed)")
+    p = add_command(sub, "ort-accelerate", "rewrite an int4/int8 ONNX model for a K1 (or K3) and build its custom-op "
+                    "library, kernels chosen per node shape (no spec needed)")
     p.add_argument("model", help="the ONNX model (int4/int8 MatMulNBits nodes, e.g. onnxruntime-genai's int4 export)")
     p.add_argument("-o", "--output", required=True, metavar="OUT_DIR",
                    help="folder for model.onnx, libimegen_ort.so, model.imegen and report.txt")
-    p.add_argument("--target", choices=TARGETS, default="k1", help="the board (k1; k3 is not yet supported)")
+    p.add_argument("--target", choices=TARGETS, default="k1",
+                   help="the board: k1 (IME on cores 0-3; default) or k3 (IME2 on the A100 cores, VLEN 1024; its "
+                        "kernels untuned)")
     p.add_argument("--flavour", choices=("hardware", "qemu"), default="hardware",
-                   help="hardware (a K1; default) or qemu (IME emulated; for QEMU only)")
+                   help="hardware (the board; default) or qemu (IME emulated; for QEMU only)")
     p.add_argument("--spec", metavar="SPEC",
                    help="use this spec's kernels instead of deriving them (e.g. an edited OUT_DIR/model.imegen)")
     p.add_argument("--compute", choices=("fp32", "int8"), default=None,

@@ -5,8 +5,9 @@
 into a riscv64 shared library exporting `RegisterCustomOps`. By default it is built against ORT 1.21's
 onnxruntime_c_api.h (API version 21), which ORT 1.21 and later accept; `ort_include` names another ORT's
 headers (1.21 or newer), and a riscv64 machine's own are preferred (ort_include_dir). Flavours: "hardware"
-(what a K1 loads) and "qemu" (links the SIGILL IME emulator, imegen/runtime/ime_emu.c; never for
-hardware). `serving_kernels` is the rule the library applies at session creation, in Python, so
+(what the board loads) and "qemu" (links the IME target's SIGILL emulator, imegen/runtime/ime_emu.c or
+ime2_emu.c; never for hardware). A library serves one board: its IME kernels share one target, whose ImeHarts
+tell the glue which harts run them and how a thread gets there. `serving_kernels` is the rule the library applies at session creation, in Python, so
 `imegen ort-rewrite` moves exactly the nodes the library will accept.
 """
 
@@ -39,12 +40,46 @@ def library_plans(specs: list[KernelSpec]) -> list[KernelPlan]:
     plans = [plan_kernel(s) for s in specs if s.abi == "imegen"]
     if not plans:
         raise CustomOpError("the spec has no abi = imegen kernel for the custom-op library")
-    for p in plans:  # the library's glue routes, pins and (qemu flavour) emulates the K1's IME only
-        if p.target.emulator not in (None, "ime_emu"):
-            raise CustomOpError(f"kernel '{p.name}': the custom-op library does not serve target {p.spec.target} "
-                                "kernels yet (its IME routing and emulation are the K1's); build them with imegen "
-                                "generate / check")
+    ime_board(plans)
     return plans
+
+
+def ime_board(plans: list[KernelPlan]):
+    """The ImeHarts of the plans' IME target (None: no IME kernel). One per library: its glue routes threads to
+    one kind of hart and links one emulator."""
+    ime: dict[str, KernelPlan] = {}  # target -> its first kernel
+    for p in plans:
+        if p.target.needs_ime:
+            ime.setdefault(p.target.name, p)
+    if len(ime) > 1:
+        a, b = list(ime.values())[:2]
+        raise CustomOpError(f"kernels '{a.name}' (target {a.spec.target}) and '{b.name}' (target {b.spec.target}): "
+                            "one custom-op library serves one board; build a library per target")
+    if not ime:
+        return None
+    plan = next(iter(ime.values()))
+    if plan.target.ime_harts is None:
+        raise CustomOpError(f"kernel '{plan.name}': target {plan.spec.target} says nothing of which harts run it")
+    return plan.target.ime_harts
+
+
+def board_flags(plans: list[KernelPlan], emulate: bool) -> list[str]:
+    """The glue's -D flags for the board of the IME kernels (customop_lib.c's IMEGEN_IME_* and IMEGEN_EMULATOR)."""
+    harts = ime_board(plans)
+    if harts is None:
+        return []
+    flags = [f"-DIMEGEN_IME_MARCHID={harts.marchid:#x}ull", f'-DIMEGEN_IME_BOARD="{harts.board}"',
+             f"-DIMEGEN_IME_CORES={harts.cores}", f'-DIMEGEN_IME_WHERE="{harts.where}"']
+    if harts.route_file:
+        flags.append(f'-DIMEGEN_IME_ROUTE_FILE="{harts.route_file}"')
+    if emulate:
+        flags += ["-DIMEGEN_IME_EMULATION", f"-DIMEGEN_EMULATOR={emulator(plans)}"]
+    return flags
+
+
+def emulator(plans: list[KernelPlan]) -> str:
+    """The runtime/NAME.c emulator of the plans' IME target."""
+    return next(p.target.emulator for p in plans if p.target.needs_ime)
 
 
 def packing(plan: KernelPlan) -> tuple:
@@ -156,14 +191,15 @@ def build_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour
                                      extra_flags=pic, include_dirs=incs) for a in (attention or ())]
         objs.append(toolchain.compile_c([d / "customop_kernels.c"], d / "customop_kernels.o", march="rv64gc",
                                         extra_flags=pic, include_dirs=incs))
-        glue = pic + (["-DIMEGEN_IME_EMULATION"] if emulate else []) + [f'-DIMEGEN_DOMAIN="{DOMAIN}"']
+        glue = pic + board_flags(plans, emulate) + [f'-DIMEGEN_DOMAIN="{DOMAIN}"']
         objs.append(toolchain.compile_c([LIB_SOURCES[0]], d / "customop_lib.o", march="rv64gc", extra_flags=glue,
                                         include_dirs=incs))
         # The decoder operators: vector-length-agnostic RVV, for any RVV 1.0 hart
         objs.append(toolchain.compile_c([LIB_SOURCES[2]], d / "decoder_ops.o", march="rv64gcv", extra_flags=pic,
                                         include_dirs=incs))
         if emulate:  # rv64gc: the emulator's own C code must not touch the V registers it emulates on
-            objs.append(toolchain.compile_c([toolchain.RUNTIME_DIR / "ime_emu.c"], d / "ime_emu.o", march="rv64gc",
+            stem = emulator(plans)
+            objs.append(toolchain.compile_c([toolchain.RUNTIME_DIR / f"{stem}.c"], d / f"{stem}.o", march="rv64gc",
                                             extra_flags=pic, include_dirs=incs))
         # Export only the ORT entry point and the counters: kernel symbols must not clash with the host's.
         (d / "exports.map").write_text("{ global: RegisterCustomOps; imegen_ort_stats; local: *; };\n")

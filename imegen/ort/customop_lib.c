@@ -9,11 +9,14 @@
  * message naming the node. B is packed in SLICES column slices; a Run quantizes A once and runs the slices
  * on ORT's intra-op pool (KernelContext_ParallelFor), each streaming only its own columns of B.
  *
- * IME exists only on some harts (a K1's cores 0-3). The library finds them at load (/proc/cpuinfo marchid,
- * or IMEGEN_IME_HARTS) and runs an IME slice only on a thread confined to them: it pins the thread there
- * for the slice, or, where it cannot, runs the node's fallback kernel (rvv) for that slice. It never issues
- * a vmadot elsewhere. IMEGEN_IME_EMULATION (the QEMU flavour, never the hardware build) links the SIGILL
- * IME emulator, which gives every hart IME unless IMEGEN_IME_HARTS says otherwise. */
+ * IME exists only on some harts (a K1's cores 0-3; a K3's A100 cores have IME2). The library is built for one
+ * board (IMEGEN_IME_MARCHID and the rest below, from the IME target's ImeHarts), finds its harts at load
+ * (/proc/cpuinfo marchid, or IMEGEN_IME_HARTS) and runs an IME slice only on a thread confined to them: on a K1
+ * it pins the thread there for the slice; on a K3 the thread asks the kernel to make it an A100 thread for good
+ * (IMEGEN_IME_ROUTE_FILE; pinned as on the K1 where that file is absent); where neither works it runs the node's
+ * fallback kernel (rvv) for that slice. It never issues a vmadot elsewhere. IMEGEN_IME_EMULATION (the QEMU
+ * flavour, never the hardware build) links the board's SIGILL emulator (IMEGEN_EMULATOR), which gives every
+ * hart IME unless IMEGEN_IME_HARTS says otherwise. */
 #define _GNU_SOURCE /* sched_setaffinity, cpu_set_t */
 #include <errno.h>
 #include <pthread.h>
@@ -28,16 +31,34 @@
 #include "decoder_ops.h"
 #include "harts.h"
 #include "onnxruntime_c_api.h"
-#ifdef IMEGEN_IME_EMULATION
-#include "ime_emu.h"
+#include <fcntl.h>
+
+/* The board of the library's IME kernels (customop.py passes the target's ImeHarts): the marchid of its IME
+ * harts, how many there are, where (for messages), and the file a thread writes to be routed there (K3). A
+ * library with no IME kernel gets the K1's. */
+#ifndef IMEGEN_IME_MARCHID
+#define IMEGEN_IME_MARCHID IMEGEN_MARCHID_A60
+#define IMEGEN_IME_BOARD "K1"
+#define IMEGEN_IME_CORES 4
+#define IMEGEN_IME_WHERE "0-3"
+#endif
+
+#ifdef IMEGEN_IME_EMULATION /* runtime/NAME.c for IMEGEN_EMULATOR=NAME: NAME.h, imegen_NAME_install/_count */
+#define IMEGEN_CAT3_(a, b, c) a##b##c
+#define IMEGEN_CAT3(a, b, c) IMEGEN_CAT3_(a, b, c)
+#define IMEGEN_STR_(x) #x
+#define IMEGEN_STR(x) IMEGEN_STR_(x)
+#include IMEGEN_STR(IMEGEN_EMULATOR.h)
+#define emulator_install IMEGEN_CAT3(imegen_, IMEGEN_EMULATOR, _install)
+#define emulator_count IMEGEN_CAT3(imegen_, IMEGEN_EMULATOR, _count)
 #endif
 
 #ifndef IMEGEN_DOMAIN
 #define IMEGEN_DOMAIN "ai.imegen"
 #endif
 #define MAX_KERNELS 256
-/* Column slices of a node's B: one per IME core of a K1 (cores 0-3), the threads ORT should run there. */
-#define SLICES 4
+/* Column slices of a node's B: one per IME core (a K1's cores 0-3), the threads ORT should run there. */
+#define SLICES IMEGEN_IME_CORES
 /* Kernels one node may run: a gemv, up to MAX_GEMM gemm kernels for different row counts, a fallback
  * (imegen/ort/serving.py refuses a node more gemm kernels would serve, with the same limit). */
 #define MAX_GEMM 14
@@ -93,23 +114,48 @@ static const char *find_ime_harts(void) {
         set_source("the IME emulator (every hart)");
 #else
         FILE *f = fopen("/proc/cpuinfo", "r");
-        const int reported = f ? imegen_harts_from_cpuinfo(f, &ime_harts) : 0;
+        const int reported = f ? imegen_harts_from_cpuinfo(f, &ime_harts, IMEGEN_IME_MARCHID) : 0;
         if (f) fclose(f);
-        set_source(reported ? "/proc/cpuinfo marchid" : "/proc/cpuinfo (no marchid: not a SpacemiT K1?)");
+        set_source(reported ? "/proc/cpuinfo marchid" : "/proc/cpuinfo (no marchid: not a SpacemiT " IMEGEN_IME_BOARD
+                   "?)");
 #endif
     }
     ime_hart_count = CPU_COUNT(&ime_harts);
     return NULL;
 }
 
+/* Is every hart of `mask` an IME hart? */
+static int confined(const cpu_set_t *mask) {
+    cpu_set_t outside;
+    CPU_XOR(&outside, mask, &ime_harts);
+    CPU_AND(&outside, &outside, mask);
+    return !CPU_COUNT(&outside);
+}
+
+#ifdef IMEGEN_IME_ROUTE_FILE
+/* Ask the kernel to make the calling thread one of the IME harts' for good (a K3's /proc/set_ai_thread: "0" is
+ * the calling thread, as llama.cpp's SpacemiT backend writes it). 1 when the thread is confined to IME harts
+ * afterwards: its own affinity, not the write's success, is the proof. */
+static int routed_for_good(void) {
+    const int fd = open(IMEGEN_IME_ROUTE_FILE, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    const ssize_t wrote = write(fd, "0", 1);
+    close(fd);
+    cpu_set_t now;
+    return wrote == 1 && !sched_getaffinity(0, sizeof now, &now) && confined(&now);
+}
+#endif
+
 /* Confine the calling thread to IME harts for one slice: 0 when it already is, 1 when pinned now (*saved
- * holds its mask to restore), -1 when it cannot be (no IME hart, or the system refuses the mask). */
+ * holds its mask to restore), 2 when routed there for good (nothing to restore), -1 when it cannot be (no IME
+ * hart, or the system refuses). */
 static int enter_ime_harts(cpu_set_t *saved) {
     if (!ime_hart_count || sched_getaffinity(0, sizeof *saved, saved)) return -1;
-    cpu_set_t outside, target;
-    CPU_XOR(&outside, saved, &ime_harts);
-    CPU_AND(&outside, &outside, saved);
-    if (!CPU_COUNT(&outside)) return 0;
+    if (confined(saved)) return 0;
+#ifdef IMEGEN_IME_ROUTE_FILE
+    if (routed_for_good()) return 2;
+#endif
+    cpu_set_t target;
     CPU_AND(&target, saved, &ime_harts); /* the IME harts it may already use, else all of them */
     if (!CPU_COUNT(&target)) target = ime_harts;
     return sched_setaffinity(0, sizeof target, &target) ? -1 : 1;
@@ -358,7 +404,7 @@ static OrtStatus *pack(struct node *n, const kernel_t *k) {
     if (packed_slices(n, k->layout)) return NULL;
 #ifdef IMEGEN_IME_EMULATION
     static struct once emulator = {0, PTHREAD_MUTEX_INITIALIZER}; /* every session waits for the handler */
-    if (is_ime(k)) once(&emulator, imegen_ime_emu_install);
+    if (is_ime(k)) once(&emulator, emulator_install);
 #endif
     struct packed *p = &n->packs[n->n_packs];
     const size_t kb = (n->K + (size_t)k->block - 1) / (size_t)k->block, blob = (size_t)(k->block * k->bits / 8);
@@ -407,9 +453,9 @@ static size_t gcd(size_t a, size_t b) { return b ? gcd(b, a % b) : a; }
 
 static OrtStatus *no_ime_hart(const struct node *n, const kernel_t *k) {
     return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': kernel %s uses SpacemiT IME, and no hart has it here (IME "
-                "harts from %s: none), and %s has no fallback kernel (fallback = yes) for this node. On a K1 IME is on "
-                "cores 0-3; set %s=0-3 if this system hides marchid", n->name, k->name, ime_harts_from,
-                imegen_spec_file, IMEGEN_IME_HARTS_ENV);
+                "harts from %s: none), and %s has no fallback kernel (fallback = yes) for this node. On a "
+                IMEGEN_IME_BOARD " IME is on cores " IMEGEN_IME_WHERE "; set %s=" IMEGEN_IME_WHERE " if this system hides marchid",
+                n->name, k->name, ime_harts_from, imegen_spec_file, IMEGEN_IME_HARTS_ENV);
 }
 
 static OrtStatus *create(const OrtKernelInfo *info, struct node *n) {
@@ -539,7 +585,7 @@ static void run_slice(void *p, size_t i) {
         const int how = enter_ime_harts(&saved);
         if (how >= 0) {
             status = run_prepared(j, i);
-            if (how == 1) sched_setaffinity(0, sizeof saved, &saved);
+            if (how == 1) sched_setaffinity(0, sizeof saved, &saved); /* routed (2): it stays */
             __atomic_fetch_add(how ? &slices_pinned : &slices_on_ime, 1, __ATOMIC_RELAXED);
         } else if (j->node->fallback) {
             status = run_fallback(j, i);
@@ -719,7 +765,7 @@ const char *imegen_ort_stats(void) {
     pthread_mutex_unlock(&live_lock);
     imegen_decoder_ops_stats(append, &at);
 #ifdef IMEGEN_IME_EMULATION
-    append(&at, "vmadots %lu\n", imegen_ime_emu_count());
+    append(&at, "vmadots %lu\n", emulator_count());
 #endif
     pthread_mutex_unlock(&stats_lock);
     return stats_text ? stats_text : "";

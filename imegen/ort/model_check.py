@@ -683,8 +683,9 @@ def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: s
         rewritten = Path(tmp) / "imegen.onnx"
         _save_beside(model, rewritten, Path(model_path))
         with ThreadPoolExecutor(2) as pool:  # two QEMU start-ups at once
-            starting = [pool.submit(RiscvSession, model_path, version, threads=threads),
-                        pool.submit(RiscvSession, rewritten, version, custom_ops=lib, threads=threads)]
+            vlen = qemu_vlen(specs)
+            starting = [pool.submit(RiscvSession, model_path, version, threads=threads, vlen=vlen),
+                        pool.submit(RiscvSession, rewritten, version, custom_ops=lib, threads=threads, vlen=vlen)]
             # Meanwhile the peer. At level 0 the tolerance is fp32's, which whole models meet: no peer needed.
             peer, check.peer_note = (HostPeer.start(model_path) if check.level == 4 and compute != "int8" else
                                      (None, "no peer: the model's own levels are not 4 (int8 compute was asked for); "
@@ -709,6 +710,13 @@ def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: s
             for s in sessions:
                 s.close()
     return check
+
+
+def qemu_vlen(specs: list[KernelSpec]) -> int:
+    """The VLEN QEMU gives both sessions: the one the IME kernels' harts have (a K3's A100: 1024), else a K1's 256."""
+    from .. import targets
+
+    return max((targets.of(s).only_vlen for s in specs if targets.of(s).needs_ime), default=256)
 
 
 def _result_or_close(future, all_futures) -> RiscvSession:

@@ -111,22 +111,6 @@ unsigned long imegen_ime_emu_count(void) {
     return __atomic_load_n(&emulated_count, __ATOMIC_RELAXED);
 }
 
-/* Say which hart lacks IME, with async-signal-safe write(2) only: the process dies next. */
-static void report_hart(int hart) {
-    char digits[12], *d = digits + sizeof digits;
-    *--d = 0;
-    if (hart < 0) /* sched_getcpu() failed */
-        d = "(unknown)";
-    else
-        do *--d = (char)('0' + hart % 10); while ((hart /= 10) > 0);
-    const char *parts[] = {"imegen IME emulator: vmadot on hart ", d,
-                           ", which " IMEGEN_IME_HARTS_ENV " does not name: no IME there\n"};
-    for (int i = 0; i < 3; i++) {
-        ssize_t unused = write(2, parts[i], strlen(parts[i]));
-        (void)unused;
-    }
-}
-
 static void on_sigill(int sig, siginfo_t *si, void *ctx) {
     ucontext_t *uc = ctx;
     uintptr_t pc = uc->uc_mcontext.__gregs[REG_PC];
@@ -138,7 +122,7 @@ static void on_sigill(int sig, siginfo_t *si, void *ctx) {
     if (si->si_code <= 0 || !fetch_insn32(pc, &word) || !vmadot_decode(word, &d) ||
         !vtype_allows_ime() || no_ime_here) {
         if (si->si_code > 0 && no_ime_here && fetch_insn32(pc, &word) && vmadot_decode(word, &d))
-            report_hart(hart);
+            imegen_report_hart_without_ime("imegen IME emulator", "vmadot", hart);
         else if (si->si_code > 0 && fetch_insn32(pc, &word))
             report_trap("imegen IME emulator", word, pc, "not an IME instruction it runs (IME: vsetvli e8 m1 first; "
                         "fp16: QEMU -cpu rv64,v=true,Zfh=true,vlen=256)\n");
@@ -160,14 +144,11 @@ void imegen_ime_emu_install(void) {
                 vlenb * 8);
         exit(3);
     }
-    const char *harts = getenv(IMEGEN_IME_HARTS_ENV);
-    if (harts) {
-        if (imegen_parse_harts(harts, &ime_harts)) {
-            fprintf(stderr, "imegen IME emulator: %s=\"%s\" is not a hart list (e.g. 0-3 or 0,2)\n",
-                    IMEGEN_IME_HARTS_ENV, harts);
-            exit(3);
-        }
-        harts_restricted = 1;
+    harts_restricted = imegen_emulated_harts(&ime_harts);
+    if (harts_restricted < 0) {
+        fprintf(stderr, "imegen IME emulator: %s=\"%s\" is not a hart list (e.g. 0-3 or 0,2)\n",
+                IMEGEN_IME_HARTS_ENV, getenv(IMEGEN_IME_HARTS_ENV));
+        exit(3);
     }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

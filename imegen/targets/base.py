@@ -64,6 +64,21 @@ def default_zero_point(spec: KernelSpec) -> int:
 
 
 @dataclass(frozen=True)
+class ImeHarts:
+    """Where a matrix ISA's instructions may run on its board, for the custom-op library's glue
+    (imegen/ort/customop_lib.c, runtime/harts.h): the harts whose /proc/cpuinfo marchid is `marchid`."""
+
+    board: str  # how messages name the SoC ("K1")
+    marchid: int  # the marchid of the harts that have the extension
+    cores: int  # how many there are: a node's B is cut into this many column slices, one per core
+    where: str  # where they are, for messages and the IMEGEN_IME_HARTS hint ("0-3")
+    # How a thread elsewhere reaches them: "" pins it there for one slice (sched_setaffinity) and back; a path is
+    # the kernel's routing file a thread writes to become, for good, a thread of those cores (pinning follows
+    # when the file is absent)
+    route_file: str = ""
+
+
+@dataclass(frozen=True)
 class Target:
     """A code-generation target. Subclasses (one per package under imegen/targets/) override the
     hooks whose default does not fit; the fields are facts the pipeline reads."""
@@ -91,6 +106,7 @@ class Target:
     options: Mapping[str, Callable[[KernelSpec], str | None]] = field(default_factory=dict, compare=False)
     fallback_refusal: str | None = None  # why its kernels cannot be custom-op fallback kernels (None: they can)
     only_vlen: int | None = None  # the one VLEN its kernels run at, if it has one (IME: 256)
+    ime_harts: ImeHarts | None = None  # needs_ime targets: which harts run them (the custom-op library's routing)
 
     # --- DSL validation (ir.build_spec) ---
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...spec import KernelSpec
-from ..base import Refuse, Target, refuse_k_step
+from ..base import ImeHarts, Refuse, Target, refuse_k_step
 from . import layout, rules
 from .plan import ime_plan
 
@@ -73,5 +73,7 @@ TARGET = ImeTarget(
     name="ime", title="IME", micro_template="micro_ime.c.j2", march="rv64gcv", compilers=("clang", "gcc"), vector=True,
     computes=("int8",),
     needs_ime=True, emulator="ime_emu", tile_step=(4, 4), plan_part="ime", only_vlen=rules.IME_VLEN,
+    # the K1: eight X60 harts, of which cores 0-3 (marchid A60, or all eight reporting X60) have IME
+    ime_harts=ImeHarts(board="K1", marchid=0x8000000041000001, cores=4, where="0-3"),
     options={"stage_b": rules.staged_b_refusal, "spread": rules.spread_refusal, "a_scale_type": rules.a_fp16_refusal},
     fallback_refusal="a fallback kernel runs where no IME hart is reachable, so its target must be rvv or scalar")

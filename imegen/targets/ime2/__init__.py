@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...spec import KernelSpec
-from ..base import Refuse, Target
+from ..base import ImeHarts, Refuse, Target
 from . import layout, rules
 from .kernel import ime2_plan
 
@@ -56,4 +56,9 @@ TARGET = Ime2Target(
     name="ime2", title="IME2", micro_template="micro_ime2.c.j2", march="rv64gcv", compilers=("clang", "gcc"),
     vector=True, computes=("int8",), needs_ime=True, emulator="ime2_emu",
     tile_step=(rules.TILE_ROWS, rules.TILE_COLUMNS), plan_part="ime", only_vlen=rules.IME2_VLEN,
+    # the K3: X100 harts 0-7 (VLEN 256, no IME2: a vmadot there gives wrong numbers, it does not trap) and A100
+    # harts 8-15; a thread becomes an A100 thread by writing to /proc/set_ai_thread (llama.cpp's SpacemiT
+    # backend does so, ime.cpp bind_ai_thread), marchid from its ime_env.cpp
+    ime_harts=ImeHarts(board="K3", marchid=0x8000000041000002, cores=8, where="8-15",
+                       route_file="/proc/set_ai_thread"),
     fallback_refusal="a fallback kernel runs where no IME hart is reachable, so its target must be rvv or scalar")

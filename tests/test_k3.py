@@ -1,0 +1,211 @@
+"""A K3 user's path: `imegen ort-accelerate --target k3` and a custom-op library of IME2 kernels (target ime2,
+the A100 cores, VLEN 1024) in Debian's real riscv64 onnxruntime 1.23 under QEMU at VLEN 1024, against stock ORT
+on the original model (ORT's own MatMulNBits: the independent reference), with imegen's IME2 emulator.
+
+- The library runs IME2 only on a thread confined to the harts IMEGEN_IME_HARTS names (on a K3: the A100 harts
+  its /proc/cpuinfo marchid names, tests/test_serving.py); the IME2 emulator kills an IME2 instruction
+  elsewhere, as a stand-in for an X100 core (which, unlike the emulator, would give wrong numbers silently).
+- ort-accelerate --target k3 derives IME2 gemv/gemm kernels and the fallback for the model's groups, keeps what
+  IME2 cannot serve with the reason, and the real onnxruntime-genai export greedy-decodes the same tokens.
+"""
+
+import os
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import imegen
+from imegen import toolchain
+from imegen.cli import main
+from imegen.ir import load_specs
+from imegen.ort import accelerate as acc
+from imegen.ort import ort_check as oc
+from imegen.ort.customop import CustomOpError, build_library, parse_routes, parse_stats
+from imegen.ort.model_check import compare_outputs, model_check
+from imegen.ort.riscv import RiscvSession
+from imegen.ort.serving import NodeNeeds
+
+from test_accelerate import GENAI, chain, saved
+
+VLEN = 1024
+K = 256
+SPEC = """
+defaults { bits = 4 block = 32 zero_point = asymmetric compute = int8 }
+kernel k3_gemv { op = gemv target = ime2 tile = 1x32 k_unroll = 2 unpack = interleaved panel = 32 }
+kernel k3_gemm { op = gemm target = ime2 tile = 16x32 k_unroll = 2 unpack = interleaved panel = 32 }
+kernel fb      { op = gemm target = rvv vlen = 256 tile = 2x16 fallback = yes }
+"""
+NODES = {"n_a": 96, "n_b": 160}  # name -> N
+
+
+def two_node_model(rng):
+    inits, nodes, outputs = [], [], []
+    for name, N in NODES.items():
+        qw = oc.ort_quantized_weights(rng.normal(0, 0.25, (K, N)).astype(np.float32), 4, 32, False)
+        inits += [numpy_helper.from_array(qw.data, f"{name}_B"), numpy_helper.from_array(qw.scales, f"{name}_s"),
+                  numpy_helper.from_array(qw.zero_points, f"{name}_z")]
+        nodes.append(helper.make_node("MatMulNBits", ["A", f"{name}_B", f"{name}_s", f"{name}_z"], [f"Y_{name}"],
+                                      name=name, domain="com.microsoft", K=K, N=N, bits=4, block_size=32,
+                                      accuracy_level=4))
+        outputs.append(helper.make_tensor_value_info(f"Y_{name}", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("k3")
+    specs = imegen.load_spec(SPEC)
+    model = two_node_model(np.random.default_rng(3))
+    onnx.save(model, tmp / "stock.onnx")
+    assert all(d.moved for d in imegen.rewrite_model(model, specs))
+    onnx.save(model, tmp / "imegen.onnx")
+    rng = np.random.default_rng(4)
+    feeds = [{"A": rng.normal(0, 0.5, (M, K)).astype(np.float32)} for M in (1, 7, 19)]
+    with RiscvSession(tmp / "stock.onnx", "1.23", vlen=VLEN) as s:
+        stock = [s.run(f) for f in feeds]
+    return tmp / "imegen.onnx", build_library(specs), feeds, stock
+
+
+def run_imegen(setup, monkeypatch, harts, *, cpus=None):
+    model, lib, feeds, stock = setup
+    if harts is None:
+        monkeypatch.delenv("IMEGEN_IME_HARTS", raising=False)
+    else:
+        monkeypatch.setenv("IMEGEN_IME_HARTS", harts)
+    saved_cpus = os.sched_getaffinity(0)
+    try:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)  # the QEMU process and ORT's threads inherit it
+        with RiscvSession(model, "1.23", custom_ops=lib, threads=2, vlen=VLEN) as s:
+            outs = [s.run(f) for f in feeds]
+            text = s.stats()
+    finally:
+        os.sched_setaffinity(0, saved_cpus)
+    for y0, y1 in zip(stock, outs):
+        assert all(o.ok for o in compare_outputs(y0, y1, 4)), compare_outputs(y0, y1, 4)
+    return text
+
+
+def test_ime2_kernels_serve_matmulnbits_in_real_ort(setup, monkeypatch):
+    text = run_imegen(setup, monkeypatch, None)
+    stats = parse_stats(text)
+    # M = 1 on the gemv, 7 and 19 on the gemm, for both nodes; nothing on the fallback
+    assert (stats["k3_gemv"], stats["k3_gemm"], stats["fb"]) == (2, 4, 0)
+    assert stats["vmadots"] > 0 and stats["slices_fallback"] == 0
+    assert parse_routes(text)["n_a"] == "M=1 k3_gemv, M=2+ k3_gemm, no IME hart: fb"
+    # a K3 has 8 A100 cores: B is cut into up to 8 column slices (N = 160: five of 32 columns)
+    assert stats["slices_on_ime"] == 3 * (96 // 32 + 160 // 32)
+
+
+def test_no_ime2_hart_runs_every_slice_on_the_fallback(setup, monkeypatch):
+    stats = parse_stats(run_imegen(setup, monkeypatch, ""))
+    assert stats["vmadots"] == 0 and stats["fb"] == 6 and stats["slices_on_ime"] == stats["slices_pinned"] == 0
+
+
+def test_threads_elsewhere_are_moved_to_an_ime2_hart(setup, monkeypatch):
+    """The QEMU process starts on host CPU 1 and only hart 0 has IME2: every IME2 slice must move there (under
+    QEMU there is no /proc/set_ai_thread, so the library pins), or the emulator kills the process."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.fail("this test needs two CPUs (CI has two): one with IME2, one without")
+    stats = parse_stats(run_imegen(setup, monkeypatch, "0", cpus={1}))
+    assert stats["vmadots"] > 0 and stats["slices_fallback"] == 0 and stats["slices_pinned"] > 0
+    assert stats["slices_on_ime"] == 0
+
+
+def test_an_ime2_instruction_on_a_hart_without_ime2_dies(monkeypatch):
+    """The counter-test of the one above: an IME2 kernel's own test driver, which nothing pins, started on host
+    CPU 1 with only hart 0 named, dies at its first IME2 instruction; named, it runs."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.fail("this test needs two CPUs (CI has two): one with IME2, one without")
+    kernel = imegen.build_kernel(imegen.load_spec(SPEC), "k3_gemv")
+    qw = oc.ort_quantized_weights(np.random.default_rng(0).normal(0, 0.25, (K, 32)).astype(np.float32), 4, 32, False)
+    A = np.ones((1, K), np.float32)
+    monkeypatch.setattr(toolchain, "_on_named_ime_harts", lambda ime: [])
+    saved_cpus = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {1})
+        monkeypatch.setenv("IMEGEN_IME_HARTS", "1")
+        assert kernel.run(A, qw.data, qw.scales, qw.zero_points, K=K, vlen=VLEN).shape == (1, 32)
+        monkeypatch.setenv("IMEGEN_IME_HARTS", "0")
+        with pytest.raises(toolchain.ToolchainError, match="IME2 emulator: an IME2 .* on hart 1, which "
+                                                           "IMEGEN_IME_HARTS does not name"):
+            kernel.run(A, qw.data, qw.scales, qw.zero_points, K=K, vlen=VLEN)
+    finally:
+        os.sched_setaffinity(0, saved_cpus)
+
+
+def test_the_hardware_library_routes_threads_to_the_a100_cores():
+    """What a K3 loads: no emulator, the A100 marchid and the kernel's routing file compiled in."""
+    lib = build_library(imegen.load_spec(SPEC), flavour="hardware")
+    data = lib.read_bytes()
+    assert b"/proc/set_ai_thread" in data and b"SpacemiT K3" in data and b"emu" not in data.replace(b"emulat", b"")
+    nm = subprocess.run(["llvm-nm-19", "-D", "--defined-only", str(lib)], capture_output=True, text=True)
+    if nm.returncode == 0:
+        assert {line.split()[-1] for line in nm.stdout.splitlines()} == {"RegisterCustomOps", "imegen_ort_stats"}
+
+
+def test_one_library_serves_one_board():
+    specs = imegen.load_spec(SPEC + "kernel k1_gemv { op = gemv target = ime tile = 1x16 }\n")
+    with pytest.raises(CustomOpError, match="'k3_gemv' \\(target ime2\\) and 'k1_gemv' \\(target ime\\): one "
+                                            "custom-op library serves one board"):
+        build_library(specs)
+
+
+# ----------------------------------------------------------------------------- ort-accelerate --target k3
+def derived(*needs: NodeNeeds, compute=None):
+    nodes = acc.for_board([acc.InspectedNode(f"n{i}", n) for i, n in enumerate(needs)], acc.BOARDS["k3"], compute)
+    return nodes, acc.derive(nodes, compute=compute, board=acc.BOARDS["k3"])
+
+
+def test_k3_derives_ime2_kernels_sharing_one_packed_b():
+    from imegen.ort.customop import packing
+    from imegen.plan import plan_kernel
+
+    nodes, d = derived(NodeNeeds(4, 32, 4, False, False, N=896, K=896), NodeNeeds(8, 64, 4, True, True, N=128, K=896))
+    assert not any(n.why_not for n in nodes)
+    ime2 = [s for s in d.specs if s.target == "ime2"]
+    assert sorted((s.bits, s.op) for s in ime2) == [(4, "gemm"), (4, "gemv"), (8, "gemm"), (8, "gemv")]
+    assert all(s.fallback and s.target == "rvv" and s.vlen == 256 for s in d.specs if s not in ime2)
+    for bits in (4, 8):  # a group's gemv and gemm pack B alike: one copy of B per node
+        assert len({packing(plan_kernel(s)) for s in ime2 if s.bits == bits}) == 1
+    assert "on a SpacemiT K3" in d.text and "untuned" in d.text
+
+
+def test_k3_keeps_what_ime2_cannot_serve_with_the_reason():
+    nodes, d = derived(NodeNeeds(4, 16, 4, False, False, N=896, K=896), NodeNeeds(8, 16, 4, False, False, N=64, K=64))
+    assert nodes[0].why_not.startswith("no SpacemiT K3 IME2 kernel for 4-bit block 16: 4-bit IME2 needs an even "
+                                       "k_unroll")
+    assert not nodes[1].why_not  # 8-bit block 16: k_unroll 1
+    assert [(s.bits, s.block, s.k_unroll) for s in d.specs if s.target == "ime2"] == [(8, 16, 1), (8, 16, 1)]
+
+
+def test_k3_fp32_compute_runs_on_rvv(tmp_path, capsys):
+    model = saved(chain(dict(N=64, K=64, level=0)), tmp_path)
+    assert main(["ort-accelerate", str(model), "-o", str(tmp_path / "out"), "--target", "k3"]) == 0
+    specs = load_specs(tmp_path / "out" / "model.imegen")
+    assert {s.target for s in specs} == {"rvv"}
+
+
+@pytest.mark.skipif(not (GENAI / "qwen2_tiny_int4_b32").is_dir(), reason="no committed onnxruntime-genai export")
+def test_a_genai_export_on_the_k3_decodes_the_same_tokens(tmp_path, capsys):
+    """onnxruntime-genai's own int4 export, accelerated for the K3 (every MatMulNBits on IME2 kernels, the decoder
+    ops on RVV at VLEN 1024): prefill, then 8 greedy tokens identical to stock ORT's, each step within ORT's
+    level-4 tolerance, every IME2 kernel and decoder operator called."""
+    src = GENAI / "qwen2_tiny_int4_b32" / "model.onnx"
+    # exit 0: every MatMulNBits and every other decoder node served
+    assert main(["ort-accelerate", str(src), "-o", str(tmp_path / "out"), "--target", "k3", "--flavour", "qemu"]) == 0
+    specs = load_specs(tmp_path / "out" / "model.imegen")
+    attention = imegen.load_attention(tmp_path / "out" / "model.imegen")
+    check = model_check(specs, src, spec_file="model.imegen", generate=8, attention=attention)
+    assert check.ok, check.report()
+    assert check.tokens_agree and len(check.generated[0]) == 8, check.generated
+    assert check.stats["vmadots"] > 0 and not check.idle_decoder_ops
+    ran = {k for k in (s.name for s in specs) if check.stats.get(k, 0) > 0}
+    assert ran == {s.name for s in specs if s.target == "ime2"}
