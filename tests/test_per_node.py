@@ -194,15 +194,54 @@ def test_threads_follow_the_parallel_tasks(tiny, tiny_engines):
     assert {d.category: pn.threads_for(d.mine.model, d.rows) for d in prefill}["SiLU gate"] == 3
 
 
-def test_dram_bytes_of_attention_count_past_and_present(tiny, tiny_engines):
-    """GQA at decode 16: qkv in, past K and V read, output, present K and V written, the rotary rows used."""
-    d = next(d for d in pn.distinct_nodes(tiny, tiny_engines, pn.STOCK, pn.Phase("decode", 16))
-             if d.category == "GroupQueryAttention")
+def _attention(tiny, tiny_engines, engine, phase):
+    return next(d for d in pn.distinct_nodes(tiny, tiny_engines, engine, phase) if d.category == "GroupQueryAttention")
+
+
+@pytest.mark.parametrize("engine", pn.ENGINES)
+@pytest.mark.parametrize("phase", [pn.Phase("decode", 16), pn.Phase("prefill", 16)])
+def test_attention_writes_present_into_its_past_buffer(tiny, tiny_engines, engine, phase):
+    """As genai runs GQA (past_present_share_buffer): each present written into its past input's buffer of
+    past + new positions, whose rows for the new tokens are NaN until written."""
+    for um in (lambda d: d.stock, lambda d: d.mine):
+        u = um(_attention(tiny, tiny_engines, engine, phase))
+        layer = u.share[0][0].split(".")[1]
+        assert u.share == tuple((f"present.{layer}.{k}", f"past_key_values.{layer}.{k}") for k in ("key", "value"))
+        for _, past in u.share:
+            buffer = u.feeds[past]
+            assert buffer.shape == (1, 2, phase.past + phase.new, 32)
+            assert np.isfinite(buffer[:, :, :phase.past]).all() and np.isnan(buffer[:, :, phase.past:]).all()
+
+
+def test_dram_bytes_of_attention_without_a_copy_of_the_past(tiny, tiny_engines):
+    """GQA at decode 16 in genai's shared buffer: qkv in, the 16 past K and V rows read, output, the new token's
+    K and V row written (a copy of the past into a present, 17 rows written, is not charged), the rotary rows."""
+    d = _attention(tiny, tiny_engines, pn.STOCK, pn.Phase("decode", 16))
     hd, kv, heads = 32, 2, 4
-    present = np.zeros((1, kv, 17, hd), np.float32)
-    outputs = {"out": np.zeros((1, 1, heads * hd), np.float32), "k": present, "v": present}
-    want = 4 * ((heads + 2 * kv) * hd + 2 * kv * 16 * hd + 2 + heads * hd + 2 * kv * 17 * hd + 2 * 17 * hd // 2)
+    outputs = {d.stock.wanted[0]: np.zeros((1, 1, heads * hd), np.float32)}
+    outputs.update({present: np.zeros((1, kv, 17, hd), np.float32) for present, _ in d.stock.share})
+    assert set(outputs) == set(d.stock.wanted)
+    want = 4 * ((heads + 2 * kv) * hd + 2 * kv * 16 * hd + 2 + heads * hd + 2 * kv * 1 * hd + 2 * 17 * hd // 2)
     assert pn.dram_bytes(d.stock, outputs, d.rows, 17, []) == want
+
+
+@needs_qemu
+def test_attention_is_counted_without_a_copy_of_the_past(tiny_setup):
+    """Stock GQA at decode 64 counted as the account counts it (present pre-allocated in past) against the same
+    model and feeds run with a fresh present (ORT zero-fills it and copies the past in): fewer instructions, by
+    at least one per 16 bytes of that copy, and the same attention output."""
+    from imegen.perf.baselines.onnxruntime import run_counts
+
+    s = tiny_setup
+    d = _attention(s.model, s.engines, pn.STOCK, pn.Phase("decode", 64))
+    shared = pn.count_unit(d.stock)
+    fresh = run_counts.cached_count_runs(("test-per-node-fresh-present", d.stock.digest),
+                                         lambda tmp: d.stock.make(tmp, pn.finite_check), threads=1, runs=1)
+    out = d.stock.wanted[0]  # the attention output (the presents: the same rows, in buffers of other history)
+    np.testing.assert_allclose(shared.outputs[out], fresh.outputs[out], rtol=1e-6, atol=1e-6)
+    copy_bytes = 2 * 2 * 64 * 32 * 4 + 2 * 2 * 65 * 32 * 4  # the past copied, the present zero-filled first
+    saved = x60.total_instructions(pn.mean_counts(fresh.runs)) - shared.instructions
+    assert saved > copy_bytes / 16, saved
 
 
 def test_csv_has_every_engine_phase_and_context():

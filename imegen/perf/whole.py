@@ -1,5 +1,6 @@
 """The whole model in `imegen bench` (full runs): onnxruntime-genai's export form of Qwen2.5-0.5B counted node by
-node in stock ORT, ORT + imegen's MatMulNBits and ORT + imegen's whole decoder (baselines/onnxruntime/per_node.py),
+node in stock ORT, ORT + imegen's MatMulNBits and ORT + imegen's whole decoder (baselines/onnxruntime/per_node.py;
+GroupQueryAttention in genai's shared KV buffer, present written into past, as genai runs it on CPU),
 and llama.cpp's own whole program on the same architecture (baselines/llama_cpp/whole_model.py), both cached.
 report/whole_model.py turns it into the table, whole_model.csv/.txt and the plot's whole-model panels."""
 

@@ -20,8 +20,12 @@ Stages (frozen dataclasses between them):
  3. unit_model: the unit's nodes from the engine's graph with their real initializers (the form's seeded random
     weights, quantized by imegen.reference's bit-exact port of ORT's quantizer), folded inputs materialized,
     every other input a graph input fed seeded data at the phase's shapes; the attention-mask values are the
-    real ones (all-ones mask of past + new positions).
- 4. count: per-Run instructions in ORT 1.23 under QEMU, 1 intra-op thread (run_counts.cached_count_runs), the
+    real ones (all-ones mask of past + new positions). GroupQueryAttention runs as onnxruntime-genai runs it on
+    CPU (its builder sets past_present_share_buffer): each present output written into its past input's own
+    buffer (Phase.kv_buffer), so neither ORT's operator nor imegen's copies the past; only the new tokens' rows
+    are written.
+ 4. count: per-Run instructions in ORT 1.23 under QEMU, 1 intra-op thread (run_counts.cached_count_runs; a unit
+    with a shared KV buffer shared_runs.cached_count_runs, the same counts with present pre-allocated in past), the
     imegen engines' units with the qemu-flavour library; an imegen unit's outputs must agree with the same
     unit in stock ORT before its count is used (both imegen engines' MatMulNBits run the same kernels: they are
     counted once, with the matmul-only library). The node's own work = its per-Run count minus the per-Run
@@ -48,7 +52,7 @@ from .... import cache
 from ....ort.rewrite import bias_add, constant_initializers
 from ....ort.rewrite import consumers as graph_consumers
 from ...model import x60
-from . import run_counts
+from . import run_counts, shared_runs
 from .nodes import mean_counts, modeled_time
 
 LAYERS = 24
@@ -83,6 +87,15 @@ class Phase:
     @property
     def label(self) -> str:
         return f"{self.kind} {self.context}"
+
+    @property
+    def kv_buffer(self) -> int:
+        """Positions of the KV buffer genai binds as both past and present. genai's holds max_length positions;
+        GroupQueryAttention (ORT's and imegen's) reads the valid past rows and writes the new tokens' rows,
+        whatever the buffer's length beyond them, so the account's buffer is exactly past + new positions (the
+        rows the new tokens take are fed as NaN: a count whose output still holds one was not written in place,
+        and its check fails)."""
+        return self.past + self.new
 
 
 PHASES = tuple(Phase(k, c) for k in ("decode", "prefill") for c in CONTEXTS)
@@ -216,7 +229,7 @@ class Tensor:
 
 def _dims(vi, phase: Phase, head_size: int) -> tuple[int, ...]:
     sizes = {"batch_size": 1, "sequence_length": phase.new, "total_sequence_length": phase.past + phase.new,
-             "past_sequence_length": phase.past, "kv_cache_dim": head_size}
+             "past_sequence_length": phase.kv_buffer, "kv_cache_dim": head_size}
     return tuple(d.dim_value if d.HasField("dim_value") else sizes[d.dim_param] for d in vi.type.tensor_type.shape.dim)
 
 
@@ -287,9 +300,9 @@ def _shape_rule(node, x: list[Tensor], head: int) -> list[Tensor | None]:
     if op == "Gather":
         axis = a.get("axis", 0) % len(x[0].shape)
         return [Tensor(x[0].dtype, x[0].shape[:axis] + x[1].shape + x[0].shape[axis + 1:])]
-    if op == "GroupQueryAttention":
+    if op == "GroupQueryAttention":  # present: the very buffer past is (Phase.kv_buffer)
         b, s, _ = x[0].shape
-        present = Tensor(TensorProto.FLOAT, (b, a["kv_num_heads"], x[3].shape[2] + s, head))
+        present = Tensor(TensorProto.FLOAT, (b, a["kv_num_heads"], x[3].shape[2], head))
         return [Tensor(x[0].dtype, (b, s, a["num_heads"] * head)), present, present]
     raise ValueError(f"no shape rule for {node.domain or 'ai.onnx'} {op} ({node.name})")
 
@@ -356,7 +369,8 @@ class UnitModel:
     model: object  # onnx.ModelProto
     feeds: dict[str, np.ndarray]
     wanted: tuple[str, ...]
-    digest: str  # of the model, feeds and wanted outputs: what a count depends on
+    digest: str  # of the model, feeds, wanted outputs and sharing: what a count depends on
+    share: tuple[tuple[str, str], ...] = ()  # (output, input): the output written into the input's buffer
 
     def make(self, d: Path, check):
         import onnx
@@ -387,12 +401,34 @@ def _feed(name: str, t: Tensor, types: Types, rng, index_bound: int | None) -> n
     raise ValueError(f"no feed rule for {name} ({dtype})")
 
 
-def _digest(model, feeds: dict, wanted) -> str:
+def _digest(model, feeds: dict, wanted, share=()) -> str:
     chunks = [model.SerializeToString(deterministic=True)]
     for k in sorted(feeds):
         chunks.append(k.encode() + str(feeds[k].dtype).encode() + repr(feeds[k].shape).encode() + feeds[k].tobytes())
     chunks.append(repr(tuple(wanted)).encode())
+    if share:
+        chunks.append(repr(tuple(share)).encode())
     return cache.sha256_hex(*chunks)[:32]
+
+
+PAST_SLOTS = {MS: (3, 4), IMEGEN: (1, 2)}  # GroupQueryAttention's past_key, past_value inputs (decoder_ops.py)
+
+
+def kv_sharing(nodes, feeds: dict, wanted) -> tuple[tuple[str, str], ...]:
+    """(present, past) of each GroupQueryAttention whose past is fed and present wanted: genai's binding."""
+    pairs = []
+    for n in nodes:
+        if n.op_type == "GroupQueryAttention":
+            pairs += [(n.output[o], n.input[i]) for o, i in zip((1, 2), PAST_SLOTS[n.domain])
+                      if n.output[o] in wanted and n.input[i] in feeds]
+    return tuple(pairs)
+
+
+def _unwritten_rows_nan(feeds: dict, share, past: int) -> None:
+    """The rows of each shared buffer the new tokens take (from `past` on): NaN until written in place."""
+    for _, name in share:
+        feeds[name] = feeds[name].copy()
+        feeds[name][:, :, past:] = np.nan
 
 
 def unit_model(engine_model, unit: Unit, types: Types, phase: Phase, last_row_only: bool = False) -> UnitModel:
@@ -424,11 +460,13 @@ def unit_model(engine_model, unit: Unit, types: Types, phase: Phase, last_row_on
             feeds[name] = _feed(name, t, types, rng, bound)
             graph_inputs.append(helper.make_tensor_value_info(name, t.dtype, list(t.shape)))
     wanted = [o for o in outputs if o in types.tensors]
+    share = kv_sharing(nodes, feeds, wanted)
+    _unwritten_rows_nan(feeds, share, phase.past)
     outs = [helper.make_tensor_value_info(o, types.tensors[o].dtype, None) for o in wanted]
     g = helper.make_graph(nodes, "unit", graph_inputs, outs, initializers)
     m = helper.make_model(g, opset_imports=list(engine_model.opset_import))
     m.ir_version = engine_model.ir_version
-    return UnitModel(m, feeds, tuple(wanted), _digest(m, feeds, wanted))
+    return UnitModel(m, feeds, tuple(wanted), _digest(m, feeds, wanted, share), share)
 
 
 def _index_bound(nodes, name: str, types: Types) -> int:
@@ -624,8 +662,12 @@ def agreement_check(stock_outputs: dict, matmul: bool):
 
 
 def count_unit(um: UnitModel, library: Path | None = None, check=finite_check, check_key: str = "finite") -> Counted:
-    rc = run_counts.cached_count_runs(("per-node-unit", um.digest, check_key), lambda d: um.make(d, check), threads=1,
-                                      runs=1, custom_ops=library)
+    """A unit's per-Run counts; a unit with a shared KV buffer run as genai runs it (shared_runs)."""
+    key = ("per-node-unit", um.digest, check_key)
+    if um.share:
+        rc = shared_runs.cached_count_runs(key, lambda d: um.make(d, check), um.share, runs=1, custom_ops=library)
+    else:
+        rc = run_counts.cached_count_runs(key, lambda d: um.make(d, check), threads=1, runs=1, custom_ops=library)
     return Counted(mean_counts(rc.runs), rc.outputs, rc.check, rc.version)
 
 
@@ -714,8 +756,8 @@ def imegen_matmul_bytes(node, rows: int, specs: list) -> float:
 
 def dram_bytes(um: UnitModel, outputs: dict[str, np.ndarray], rows: int, positions: int, specs: list) -> float:
     """DRAM bytes one Run of the unit moves (MODELED): an imegen MatMulNBits its kernel's traffic; any other
-    unit its activation inputs and `outputs` (attention: the KV cache read and present written, as the CPU
-    export copies past into present every step) and the initializers it reads."""
+    unit its activation inputs and `outputs` and the initializers it reads; a shared KV buffer (attention, as
+    genai runs it) its past rows read and the new tokens' `rows` written, no copy of the past."""
     g = um.model.graph
     mine = [n for n in g.node if n.op_type == "MatMulNBits" and n.domain == IMEGEN]
     if mine:
@@ -724,7 +766,14 @@ def dram_bytes(um: UnitModel, outputs: dict[str, np.ndarray], rows: int, positio
         return float(imegen_matmul_bytes(mine[0], rows, specs))
     inits = {t.name: t for t in g.initializer}
     reads = sum(_initializer_bytes(n, inits, rows, positions) for n in g.node)
-    return float(sum(v.nbytes for v in um.feeds.values()) + reads + sum(v.nbytes for v in outputs.values()))
+    past_of, new_of = {i for _, i in um.share}, {o for o, _ in um.share}
+
+    def part(v: np.ndarray, taken: int) -> float:  # of a BNSH buffer, `taken` of its positions
+        return v.nbytes * taken / v.shape[2]
+
+    ins = sum(part(v, positions - rows) if k in past_of else v.nbytes for k, v in um.feeds.items())
+    outs = sum(part(v, rows) if k in new_of else v.nbytes for k, v in outputs.items())
+    return float(ins + reads + outs)
 
 
 # ------------------------------------------------------------------------------------------ the account
