@@ -28,7 +28,7 @@ from imegen.ort.model_check import compare_outputs, model_check
 from imegen.ort.riscv import RiscvSession
 from imegen.ort.serving import NodeNeeds
 
-from test_accelerate import GENAI, chain, saved
+from test_accelerate import GENAI, ROOT, chain, saved
 
 VLEN = 1024
 K = 256
@@ -178,6 +178,15 @@ def test_k3_derives_ime2_kernels_sharing_one_packed_b():
     assert "on a SpacemiT K3" in d.text and "untuned" in d.text
 
 
+def test_k3_configs_are_the_example_spec_imegen_check_passes():
+    """ort-accelerate --target k3's kernels are examples/ime2_k3.imegen's 4-bit ones (test_ime2_kernels checks it)."""
+    example = {s.op: s for s in load_specs(ROOT / "examples" / "ime2_k3.imegen") if s.bits == 4}
+    for op, settings in acc.K3_CONFIGS.items():
+        spec = example[op]
+        assert {"tile": f"{spec.tile_m}x{spec.tile_n}", "unpack": spec.unpack, "panel": spec.panel} == settings
+        assert spec.k_unroll == 2
+
+
 def test_k3_keeps_what_ime2_cannot_serve_with_the_reason():
     nodes, d = derived(NodeNeeds(4, 16, 4, False, False, N=896, K=896), NodeNeeds(8, 16, 4, False, False, N=64, K=64))
     assert nodes[0].why_not.startswith("no SpacemiT K3 IME2 kernel for 4-bit block 16: 4-bit IME2 needs an even "
@@ -209,3 +218,21 @@ def test_a_genai_export_on_the_k3_decodes_the_same_tokens(tmp_path, capsys):
     assert check.stats["vmadots"] > 0 and not check.idle_decoder_ops
     ran = {k for k in (s.name for s in specs) if check.stats.get(k, 0) > 0}
     assert ran == {s.name for s in specs if s.target == "ime2"}
+
+
+def test_qwen_shapes_on_the_k3_decode_the_same_tokens(tmp_path, capsys):
+    """imegen's model in onnxruntime-genai's form at Qwen2.5-0.5B's widths (q/k/v 896x1152, o 896x896, gate/up
+    896x4864, down 4864x896; 2 layers, an untied lm_head of 2048 so greedy tokens move), accelerated for the K3:
+    prefill of 5 tokens after 7 cached, then 8 greedy tokens identical to stock ORT's, every step within ORT's
+    level-4 tolerance, on IME2 kernels only (no slice on the fallback)."""
+    model = tmp_path / "qwen.onnx"
+    assert main(["qwen-model", str(model), "--layers", "2", "--vocab", "2048", "--untied"]) == 0
+    assert main(["ort-accelerate", str(model), "-o", str(tmp_path / "out"), "--target", "k3", "--flavour", "qemu"]) == 0
+    capsys.readouterr()
+    specs = load_specs(tmp_path / "out" / "model.imegen")
+    check = model_check(specs, model, spec_file="model.imegen", generate=8,
+                        attention=imegen.load_attention(tmp_path / "out" / "model.imegen"))
+    assert check.ok and check.tokens_agree, check.report()
+    assert len(set(check.generated[0])) > 1, check.generated  # tokens that move: the agreement says something
+    assert check.stats["vmadots"] > 0 and check.stats["slices_fallback"] == 0 and not check.idle_decoder_ops
+    assert {s.name for s in specs if check.stats.get(s.name, 0) > 0} == {s.name for s in specs if s.target == "ime2"}

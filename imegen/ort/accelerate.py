@@ -338,9 +338,10 @@ class Board:
 BOARDS = {"k1": Board("k1", "SpacemiT K1", "ime", True, 256),
           "k3": Board("k3", "SpacemiT K3", "ime2", False, 1024)}
 
-# The K3's IME2 configs (untuned: there is no A100 cost model to tune them under yet): the gemv and gemm of
-# examples/ime2_k3.imegen, the gemm with the gemv's packing (32-column panels, ORT's nibble order) so one copy of
-# B serves both. 16 k per vmadot and two steps per 4-bit byte row: k_unroll 2 where the block allows it.
+# The K3's IME2 configs (untuned: there is no A100 cost model to tune them under yet): the 4-bit gemv and gemm of
+# examples/ime2_k3.imegen (tests/test_k3.py holds them equal), which pack B alike (32-column panels, ORT's nibble
+# order) so one copy of B serves both. 16 k per vmadot and two steps per 4-bit byte row: k_unroll 2 where the
+# block allows it.
 K3_CONFIGS = {"gemv": {"tile": "1x32", "unpack": "interleaved", "panel": 32},
               "gemm": {"tile": "16x32", "unpack": "interleaved", "panel": 32}}
 
