@@ -42,6 +42,7 @@ class BenchResult:
     twins: dict = field(default_factory=dict)  # (case, B scale type) -> (the fewest-instruction twin, own form?) (scale_twins)
     subjects: tuple[str, ...] = ("imegen",)  # the kinds benched against the baselines: the tuned kernels, or SPEC's
     user: UserKernels | None = None  # `bench --spec`: the user's kernels
+    ime2: object = None  # (full runs) report.ime2.Ime2Result: imegen's IME2 kernels against llama.cpp's, K3 A100
 
     def get(self, case: Case, kind: str) -> Evaluation:
         return next(r.ev for r in self.rows if r.case == case and r.kind == kind)
@@ -64,13 +65,20 @@ def run(*, quick: bool = False, blocks=BLOCKS, jobs: int | None = None, log=None
     llama = tuple(llama_cpp.rows(cases, tuned, log=log))
     ort = tuple(ort_nodes.rows(cases, tuned, quick=quick, log=log))
     whole = None if quick else whole_account(log)
-    return BenchResult(rows, tuned, quick, llama, ort, whole, scale_twins(cases, tuned, log))
+    ime2 = None if quick else ime2_account(log)
+    return BenchResult(rows, tuned, quick, llama, ort, whole, scale_twins(cases, tuned, log), ime2=ime2)
 
 
 def whole_account(log=None):
     from . import whole
 
     return whole.run(log=log)
+
+
+def ime2_account(log=None):
+    from .report import ime2
+
+    return ime2.run(log=log)
 
 
 def run_spec(user: UserKernels, cases: list[Case], *, quick: bool = False, jobs: int | None = None, log=None) -> BenchResult:

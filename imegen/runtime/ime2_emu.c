@@ -356,6 +356,13 @@ static unsigned pack_bytes(unsigned imm2) {
     return imm2 ? 16u << (imm2 - 1) : 1u << (vtype >> 3 & 7);
 }
 
+/* memcpy without libc: the counting plugin (imegen/perf/count) cannot tell libc code the handler runs from
+ * libc code a kernel calls, so the per-trap path calls none (volatile: no loop-to-memcpy rewrite). */
+static void copy_bytes(uint8_t *dst, const uint8_t *src, unsigned n) {
+    for (unsigned i = 0; i < n; i++)
+        ((volatile uint8_t *)dst)[i] = src[i];
+}
+
 static void vpack_execute(const struct vpack *d) {
     uint8_t src[2 * VLENB], dst[2 * VLENB]; /* src: vs1 then vs2; dst: vd then vd+1 */
     vreg_spill(d->vs1, src);
@@ -366,9 +373,9 @@ static void vpack_execute(const struct vpack *d) {
         uint8_t *stream = (d->unpack ? src : dst) + c * chunk;
         uint8_t *plain = (d->unpack ? dst : src) + (c & 1) * VLENB + c / 2 * chunk;
         if (d->unpack)
-            memcpy(plain, stream, chunk);
+            copy_bytes(plain, stream, chunk);
         else
-            memcpy(stream, plain, chunk);
+            copy_bytes(stream, plain, chunk);
     }
     vreg_fill(d->vd, dst);
     vreg_fill(d->vd + 1, dst + VLENB);
@@ -392,16 +399,20 @@ static void vnpack4_execute(const struct vnpack4 *d) {
     vreg_fill(d->vd, dst);
 }
 
-static unsigned long emulated_count;
+static unsigned long emulated_count, emulated_kind[IMEGEN_IME2_KINDS];
 
 unsigned long imegen_ime2_emu_count(void) {
     return __atomic_load_n(&emulated_count, __ATOMIC_RELAXED);
 }
 
+unsigned long imegen_ime2_emu_count_kind(int kind) {
+    return kind >= 0 && kind < IMEGEN_IME2_KINDS ? __atomic_load_n(&emulated_kind[kind], __ATOMIC_RELAXED) : 0;
+}
+
 #define BAD_VTYPE "IME2 needs LMUL 1 and vl = VLMAX at SEW 8, 16 or 32\n"
 
-/* Run `word` on the live registers; NULL if it ran, else why it is not run (one line). */
-static const char *emulate(uint32_t word) {
+/* Run `word` on the live registers; NULL if it ran (its kind in *kind), else why it is not run (one line). */
+static const char *emulate(uint32_t word, int *kind) {
     struct vpack pk;
     struct vnpack4 np;
     struct vmadot_hp hp;
@@ -412,24 +423,28 @@ static const char *emulate(uint32_t word) {
         if (!vpack_registers_legal(&pk))
             return "the destination pair vd, vd+1 of vpack/vupack overlaps a source register\n";
         vpack_execute(&pk);
+        *kind = !pk.unpack ? IMEGEN_IME2_VPACK : pk.imm2 < 2 ? IMEGEN_IME2_VUPACK_SLOW : IMEGEN_IME2_VUPACK;
     } else if (vnpack4_decode(word, &np)) {
         if (!vtype_allows_pack())
             return "vnpack4 needs LMUL 1 and vl = VLMAX at SEW 8 to 64\n";
         if (!vnpack4_registers_legal(&np))
             return "vd of vnpack4 is a source register\n";
         vnpack4_execute(&np);
+        *kind = IMEGEN_IME2_VNPACK4;
     } else if (vmadot_hp_decode(word, &hp)) {
         if (!vtype_allows_ime2())
             return BAD_VTYPE;
         if (!hp_registers_legal(&hp))
             return "vd of vmadot*.hp is vs1, vs2 or the scale register\n";
         vmadot_hp_execute(&hp);
+        *kind = IMEGEN_IME2_VMADOT_HP;
     } else if (vmadot_decode(word, &d)) {
         if (!vtype_allows_ime2())
             return BAD_VTYPE;
         if (!registers_legal(&d))
             return "the destination pair vd, vd+1 overlaps a source register\n";
         vmadot_execute(&d);
+        *kind = IMEGEN_IME2_VMADOT;
     } else {
         return "not an IME2 instruction it runs (integer vmadot* i8/i4, vmadotN* i8, vmadot*.hp i8/i4 with "
                "FP16 scales, vpack.vv, vupack.vv, vnpack4.vv; FP16 code needs QEMU -cpu rv64,v=true,Zfh=true,vlen=1024)\n";
@@ -457,13 +472,15 @@ static void on_sigill(int sig, siginfo_t *si, void *ctx) {
         die_honestly(sig);
         return;
     }
-    const char *why = emulate(word);
+    int kind = 0;
+    const char *why = emulate(word, &kind);
     if (why) {
         report_trap("imegen IME2 emulator", word, pc, why);
         die_honestly(sig);
         return;
     }
     __atomic_fetch_add(&emulated_count, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&emulated_kind[kind], 1, __ATOMIC_RELAXED);
     uc->uc_mcontext.__gregs[REG_PC] = pc + 4;
 }
 

@@ -21,6 +21,18 @@ void imegen_ime2_emu_install(void);
 /* Number of IME2 instructions emulated so far. */
 unsigned long imegen_ime2_emu_count(void);
 
+/* The same by kind, for cost models that charge them differently (LLVM's A100 schedule does). */
+enum imegen_ime2_kind {
+    IMEGEN_IME2_VMADOT,      /* integer vmadot* / vmadotN* (i8, i4) */
+    IMEGEN_IME2_VMADOT_HP,   /* vmadot*.hp */
+    IMEGEN_IME2_VPACK,       /* vpack.vv */
+    IMEGEN_IME2_VUPACK_SLOW, /* vupack.vv with imm2 0 or 1 */
+    IMEGEN_IME2_VUPACK,      /* vupack.vv with imm2 2 or 3 */
+    IMEGEN_IME2_VNPACK4,     /* vnpack4.vv */
+    IMEGEN_IME2_KINDS
+};
+unsigned long imegen_ime2_emu_count_kind(int kind);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..bench import BenchResult
 from ..model import floors, x60
 from ..search import tune
-from . import onnxruntime, whole_model
+from . import ime2, onnxruntime, whole_model
 from .plot import plot
 
 
@@ -55,6 +55,8 @@ def write_csv(res: BenchResult) -> str:
                     f"{four.efficiency:.4f}", f"{four.gops:.3f}",
                     *((f"{r.ev.measured[1].time_s * 1e3:.6f}", f"{r.ev.measured[1].efficiency:.4f}") if r.ev.measured else ("", ""))])
     w.writerows(baseline_rows(res))
+    if res.ime2 is not None:
+        w.writerows(ime2.bench_csv_rows(res.ime2))
     return buf.getvalue()
 
 
@@ -68,6 +70,8 @@ def write_outputs(res: BenchResult, out_dir: Path, text: str) -> list[Path]:
     if res.ort:
         (out_dir / "ort.csv").write_text(onnxruntime.nodes_csv(res, list(res.ort)))
         written.append(out_dir / "ort.csv")
+    if res.ime2 is not None:
+        written += ime2.write_outputs(res.ime2, out_dir)
     if res.whole is not None:
         written += whole_model.write_outputs(res.whole.rows(), out_dir, res.whole.version, list(res.whole.accounts))
     png = plot(res, out_dir / "bench.png")

@@ -8,7 +8,7 @@ from ..bench import BenchResult
 from ..count.measure import METHOD
 from ..model import x60
 from ..workload import QWEN25_05B
-from . import llama_cpp, onnxruntime, whole_model
+from . import ime2, llama_cpp, onnxruntime, whole_model
 from .goals import prefill_goal_text, scale_precision_text
 from .kernels import kernel_tables, ratio_table, vtype_note
 from .sensitivity import measured_text
@@ -58,6 +58,8 @@ def report(res: BenchResult, refused_note: bool = True) -> str:
                   llama_cpp.table(list(res.llama)), "Calibration of the X60 model on llama.cpp's real kernels "
                   "(Qwen2.5-0.5B MatMulNBits only, 4 threads; the published figures are whole-model):",
                   llama_cpp.calibration(list(res.llama))]
+    if res.ime2 is not None:
+        parts += ["", ime2.report_text(res.ime2)]
     if res.ort:
         parts += ["", onnxruntime.nodes_method_text(list(res.ort)), onnxruntime.nodes_table(res, list(res.ort))]
     goal = "\n".join(t for t in (prefill_goal_text(res), prefill_goal_text(res, measured=True)) if t)
