@@ -172,6 +172,7 @@ def test_bench_csv_rows_fit_bench_csv():
     width = 7 + len(x60.CLASSES) + 1 + 10  # bench.csv: shape..config, classes, vec_bytes, the 10 time columns
     assert all(len(r) == width for r in rows)
     assert rows[0][5] == "imegen" and "target=ime2" in rows[0][6] and rows[1][5] == "llama.cpp-ime2"
+    assert len(ime2.sensitivity_text(res).splitlines()) == 2 + sum(1 for f in a100.FIGURES if f.params)
     table = list(csv.DictReader(io.StringIO(ime2.ime2_csv(res))))
     assert float(table[0]["ms_1core_clock_2.4GHz"]) < float(table[0]["ms_1core"])
 

@@ -295,7 +295,7 @@ def _ratio(a: float, b: float) -> str:
 
 def table_text(res: Ime2Result) -> str:
     head = (f"{'shape':8s} {'M':>4s} | {'instr (M)':>19s} {'ratio':>5s} | {'1 core ms':>19s} {'ratio':>5s} "
-            f"{'bound':>12s} | {'pair ms':>17s} {'ratio':>5s} | {'ms @sens DRAM':>17s}")
+            f"{'bound':>13s} | {'pair ms':>17s} {'ratio':>5s} | {'ms @sens DRAM':>17s}")
     lines = ["IME2 table: imegen / llama.cpp-ime2 (ratio < 1: imegen ahead). instr = one call, one core, "
              "kernel + libc it calls (MEASURED); ms = MODELED.", head, "-" * len(head)]
     dram_sens = a100.sensitivity_params()["DRAM"]
@@ -305,7 +305,7 @@ def table_text(res: Ime2Result) -> str:
         di, dl = i.modeled(dram_sens), l.modeled(dram_sens)
         lines.append(f"{shape:8s} {M:4d} | {i.instructions / 1e6:9.3f}/{l.instructions / 1e6:9.3f} "
                      f"{_ratio(i.instructions, l.instructions):>5s} | {mi.time_s * 1e3:9.4f}/{ml.time_s * 1e3:9.4f} "
-                     f"{_ratio(mi.time_s, ml.time_s):>5s} {mi.bound[:5] + '/' + ml.bound[:5]:>12s} | "
+                     f"{_ratio(mi.time_s, ml.time_s):>5s} {mi.bound[:6] + '/' + ml.bound[:6]:>13s} | "
                      f"{pi.time_s * 1e3:8.4f}/{pl.time_s * 1e3:8.4f} {_ratio(pi.time_s, pl.time_s):>5s} | "
                      f"{di.time_s * 1e3:8.4f}/{dl.time_s * 1e3:8.4f}")
     return "\n".join(lines)
@@ -325,8 +325,27 @@ def goals_text(res: Ime2Result) -> str:
     return "\n".join(lines)
 
 
+def sensitivity_text(res: Ime2Result) -> str:
+    """Per ASSUMPTION: the range of imegen / llama.cpp modeled-time ratios (1 core) with its sensitivity value,
+    decode and prefill, beside the base model's: whether any goal's verdict could turn on it."""
+    def ratios(p: a100.A100Params, decode: bool) -> list[float]:
+        return [i.modeled(p).time_s / l.modeled(p).time_s for i, l in
+                (res.pair(s, M) for s, M in res.cases if (M == DECODE_M) == decode)]
+
+    def span(xs: list[float]) -> str:
+        return f"{min(xs):.2f}-{max(xs):.2f}" if xs else "-"
+
+    lines = ["Sensitivity (imegen / llama.cpp-ime2 modeled time, 1 core, min-max over shapes: decode | prefill):",
+             f"  {'base model':34s} {span(ratios(a100.A100, True)):>11s} | {span(ratios(a100.A100, False))}"]
+    for f in a100.FIGURES:
+        if f.params:
+            p = a100.sensitivity_params()[f.name]
+            lines.append(f"  {f.name + ' ' + f.sensitivity:34s} {span(ratios(p, True)):>11s} | {span(ratios(p, False))}")
+    return "\n".join(lines)
+
+
 def report_text(res: Ime2Result) -> str:
-    return "\n".join([METHOD_TEXT, figures_text(), "", table_text(res), "", goals_text(res)])
+    return "\n".join([METHOD_TEXT, figures_text(), "", table_text(res), "", goals_text(res), "", sensitivity_text(res)])
 
 
 def write_outputs(res: Ime2Result, out_dir: Path) -> list[Path]:
