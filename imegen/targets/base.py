@@ -107,6 +107,10 @@ class Target:
     fallback_refusal: str | None = None  # why its kernels cannot be custom-op fallback kernels (None: they can)
     only_vlen: int | None = None  # the one VLEN its kernels run at, if it has one (IME: 256)
     ime_harts: ImeHarts | None = None  # needs_ime targets: which harts run them (the custom-op library's routing)
+    # A template of the target's own that defines quantize_block_to(x, q, sum): a whole block of A quantized
+    # and its codes stored from q (A[m][k0]'s byte) into a layout a_chunk_stride cannot describe (None: the
+    # shared quantize_block.c.j2's, when a_chunk_stride is set)
+    a_store_template: str | None = None
 
     # --- DSL validation (ir.build_spec) ---
 

@@ -42,8 +42,11 @@ class Ime2Target(Target):
     def a_index(self, spec: KernelSpec) -> tuple[str, int, int]:
         return layout.a_index(spec)
 
-    def a_chunk_stride(self, spec: KernelSpec) -> int | None:
-        return layout.a_chunk_stride(spec)
+    def a_step_bytes(self, spec: KernelSpec) -> int:
+        return layout.a_step_bytes(spec)
+
+    def a_scale_group(self, spec: KernelSpec) -> int:
+        return layout.a_scale_group(spec)
 
     def quantize_lmul(self, spec: KernelSpec) -> int:
         return layout.quantize_lmul(spec)
@@ -61,4 +64,6 @@ TARGET = Ime2Target(
     # backend does so, ime.cpp bind_ai_thread), marchid from its ime_env.cpp
     ime_harts=ImeHarts(board="K3", marchid=0x8000000041000002, cores=8, where="8-15",
                        route_file="/proc/set_ai_thread"),
+    # the A quantizer stores whole blocks into the 16-k step layout itself (layout.a_step_bytes)
+    a_store_template="quantize_ime2.c.j2",
     fallback_refusal="a fallback kernel runs where no IME hart is reachable, so its target must be rvv or scalar")

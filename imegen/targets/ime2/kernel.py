@@ -152,6 +152,30 @@ def _store(first: int, g: int) -> list[AsmOp]:
     return [AsmOp("addi", f"addi t1, %[dots], {first * A_TILE_BYTES}"), AsmOp("vse8", f"vs{g}r.v v{first}, (t1)", what)]
 
 
+def gemv_compact_rows(spec: KernelSpec, r: Registers) -> tuple[AsmOp, ...]:
+    """gemv: row 0 of each vmadot tile (its 8 useful dots; rows 1-7 pair A's later k-steps with this B) slid
+    next to each other, four tiles to an e32 register (column j at lane j % 32 of the register of j / 32),
+    and only those registers stored: the fold then loads the row's TN dots contiguously."""
+    ops: list[AsmOp] = []
+    row = r.acc[0]
+    for first in range(0, len(row), 4):
+        for q in range(1, min(4, len(row) - first)):
+            vl = 8 * (q + 1)
+            ops.append(AsmOp("vset", f"vsetivli t0, {vl}, e32, m1, tu, ma" if vl < 32 else "vsetvli t0, zero, e32, m1, tu, ma",
+                             f"lanes {8 * q}..{vl - 1}, the rest kept"))
+            ops.append(AsmOp("vslide", f"vslideup.vi v{row[first]}, v{row[first + q]}, {8 * q}",
+                             f"columns {8 * (first + q)}..{8 * (first + q) + 7}"))
+        ops += _store_one(row[first], (first // 4) * A_TILE_BYTES)
+    return tuple(ops)
+
+
+def _store_one(reg: int, offset: int) -> list[AsmOp]:
+    what = f"dots of columns from {offset // 4}"
+    if not offset:
+        return [AsmOp("vse8", f"vs1r.v v{reg}, (%[dots])", what)]
+    return [AsmOp("addi", f"addi t1, %[dots], {offset}"), AsmOp("vse8", f"vs1r.v v{reg}, (t1)", what)]
+
+
 def dot_at(spec: KernelSpec) -> str:
     """C expr in i, j: where output (i, j)'s int32 dot lies in the stored accumulators (store_accumulators)."""
     _, na = tiles(spec)
@@ -172,7 +196,8 @@ def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
     b_stride = spec.panel * K_STEP  # a panel's B tiles for one k group (16 k of 8-bit codes, 32 of 4-bit)
     acc_zero = (*zero_accumulators(2 * ma * na, on_vfp=False), AsmOp("vset", ENTRY_VTYPE, "vmadot: e8, LMUL 1, vl = 128"))
     return ImePlan(
-        ma=ma, na=na, acc_regs=r.acc, prologue=(), body=loop_body(spec, r), fold=store_accumulators(2 * ma * na),
+        ma=ma, na=na, acc_regs=r.acc, prologue=(), body=loop_body(spec, r),
+        fold=gemv_compact_rows(spec, r) if spec.tile_m == 1 else store_accumulators(2 * ma * na),
         iterations_per_block=iterations, a_bytes_per_iteration=a_step(spec), b_stride=b_stride,
         b_walk=iterations * b_groups(spec) * b_stride, clobbers=tuple(f"v{x}" for x in range(r.used)),
         vmadots_per_tile_block=(spec.block // K_STEP) * ma * na,

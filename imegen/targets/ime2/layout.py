@@ -50,13 +50,17 @@ def a_index(spec: KernelSpec) -> tuple[str, int, int]:
     return expr, spec.tile_m, 0
 
 
-def a_chunk_stride(spec: KernelSpec) -> int | None:
-    """gemv rows keep k in order (8-bit or planar B), contiguous: the vector A quantizer stores a whole block
-    with one unit-stride store (8: chunks back to back). gemm tiles interleave rows every 16 k (no single
-    stride), so their codes are copied one by one."""
-    if spec.tile_m != 1 or spec.block < 32 or (spec.bits == 4 and spec.unpack != "planar"):
-        return None
-    return 8
+def a_step_bytes(spec: KernelSpec) -> int:
+    """Bytes between a row's consecutive 16-k steps in the A workspace (a_index): gemv, 16 (k back to back);
+    gemm, one k-step's A tiles of the row tile ({TM / 8} x 128 bytes). templates/quantize_ime2.c.j2 stores
+    a whole block's codes with it."""
+    return K_STEP if spec.tile_m == 1 else tiles(spec)[0] * A_TILE_BYTES
+
+
+def a_scale_group(spec: KernelSpec) -> int:
+    """gemm: A's block scales [row tile][block][TM], so the fold loads a tile's TM scales of a block with one
+    unit-stride load (an indexed or strided load costs an element per cycle); gemv: one row, row-major."""
+    return 1 if spec.tile_m == 1 else spec.tile_m
 
 
 def quantize_lmul(spec: KernelSpec) -> int:
