@@ -9,31 +9,6 @@
 
 #ifndef _GNU_SOURCE
 #error "define _GNU_SOURCE before any include: harts.h needs cpu_set_t"
-/* For the emulators' SIGILL handlers (the process dies next): "<who>: <what> on hart N, which IMEGEN_IME_HARTS
- * does not name: no IME there", with async-signal-safe write(2) only. hart < 0: sched_getcpu() failed. */
-static inline void imegen_report_hart_without_ime(const char *who, const char *what, int hart) {
-    char digits[12], *d = digits + sizeof digits;
-    *--d = 0;
-    if (hart < 0)
-        d = "(unknown)";
-    else
-        do *--d = (char)('0' + hart % 10); while ((hart /= 10) > 0);
-    const char *parts[] = {who, ": ", what, " on hart ", d,
-                           ", which " IMEGEN_IME_HARTS_ENV " does not name: no IME there\n"};
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        ssize_t unused = write(2, parts[i], strlen(parts[i]));
-        (void)unused;
-    }
-}
-
-/* IMEGEN_IME_HARTS for an emulator: 1 and *set when it names harts (a test of the routing: an IME instruction
- * elsewhere must die), 0 when unset (every hart has IME), -1 when malformed. */
-static inline int imegen_emulated_harts(cpu_set_t *set) {
-    const char *harts = getenv(IMEGEN_IME_HARTS_ENV);
-    if (!harts) return 0;
-    return imegen_parse_harts(harts, set) ? -1 : 1;
-}
-
 #endif
 #include <sched.h>
 #include <stdio.h>
