@@ -26,7 +26,8 @@ from .serving import NodeNeeds, serve, serving_kernels  # noqa: F401 (the librar
 
 DOMAIN = "ai.imegen"
 LIB_SOURCES = (Path(__file__).parent / "customop_lib.c", Path(__file__).parent / "customop_lib.h",
-               Path(__file__).parent / "decoder_ops.c", Path(__file__).parent / "decoder_ops.h")
+               Path(__file__).parent / "decoder_ops.c", Path(__file__).parent / "decoder_ops.h",
+               Path(__file__).parent / "ort_glue.h")
 FLAVOURS = ("hardware", "qemu")
 HEADER_VERSION = "1.21"  # the oldest supported ORT: its C API header serves it and every newer ORT
 

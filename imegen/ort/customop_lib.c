@@ -31,6 +31,7 @@
 #include "decoder_ops.h"
 #include "harts.h"
 #include "onnxruntime_c_api.h"
+#include "ort_glue.h"
 #include <fcntl.h>
 
 /* The board of the library's IME kernels (customop.py passes the target's ImeHarts): the marchid of its IME
@@ -70,7 +71,6 @@ enum { ST_NO_MEMORY = -1, ST_NO_IME_HART = -2, ST_NO_FALLBACK_PACK = -3 };
 
 typedef struct imegen_kernel_entry kernel_t;
 
-static const OrtApi *ort;
 static unsigned long calls[MAX_KERNELS];
 
 /* ----------------------------------------------------------------------------------------- IME harts */
@@ -218,48 +218,6 @@ struct slices_job {
     int status;
     int fell_back; /* some slice ran on the fallback kernel */
 };
-
-static OrtStatus *fail(OrtErrorCode code, const char *fmt, ...) {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return ort->CreateStatus(code, msg);
-}
-
-#define TRY(call) do { OrtStatus *st_ = (call); if (st_) return st_; } while (0)
-
-/* Read-only data of an input (the C API has only the mutable getter). */
-static OrtStatus *tensor_data(const OrtValue *v, const void **out) {
-    void *p;
-    OrtStatus *st = ort->GetTensorMutableData((OrtValue *)v, &p);
-    *out = p;
-    return st;
-}
-
-static int64_t attr(const OrtKernelInfo *info, const char *name, int64_t fallback) {
-    int64_t v;
-    OrtStatus *st = ort->KernelInfoGetAttribute_int64(info, name, &v);
-    if (st) {
-        ort->ReleaseStatus(st);
-        return fallback;
-    }
-    return v;
-}
-
-/* 1 when optional input i is wired (ORT gives absent optional inputs the name ""). */
-static int present(const OrtKernelInfo *info, size_t count, size_t i) {
-    char name[512];
-    size_t size = sizeof name;
-    if (i >= count) return 0;
-    OrtStatus *st = ort->KernelInfo_GetInputName(info, i, name, &size);
-    if (st) {
-        ort->ReleaseStatus(st);
-        return 1; /* a name too long for the buffer is still a name */
-    }
-    return name[0] != 0;
-}
 
 /* The constant initializer behind input i with its element type and count, or an error naming the node. */
 static OrtStatus *constant(const OrtKernelInfo *info, const struct node *n, size_t i, const char *what,
@@ -459,7 +417,7 @@ static OrtStatus *no_ime_hart(const struct node *n, const kernel_t *k) {
 }
 
 static OrtStatus *create(const OrtKernelInfo *info, struct node *n) {
-    size_t size = sizeof n->name, count = 0;
+    size_t size = sizeof n->name;
     OrtStatus *st = ort->KernelInfo_GetNodeName(info, n->name, &size);
     if (st) ort->ReleaseStatus(st), snprintf(n->name, sizeof n->name, "?");
     if (!n->name[0]) { /* as imegen/ort/rewrite.py names it */
@@ -469,20 +427,19 @@ static OrtStatus *create(const OrtKernelInfo *info, struct node *n) {
         if (st) ort->ReleaseStatus(st), snprintf(out, sizeof out, "?");
         snprintf(n->name, sizeof n->name, "(unnamed, output %s)", out);
     }
-    TRY(ort->KernelInfo_GetInputCount(info, &count));
-    const int64_t K = attr(info, "K", -1), N = attr(info, "N", -1), bits = attr(info, "bits", 4),
-                  block = attr(info, "block_size", -1), level = attr(info, "accuracy_level", 0);
+    const int64_t K = attr_int(info, "K", -1), N = attr_int(info, "N", -1), bits = attr_int(info, "bits", 4),
+                  block = attr_int(info, "block_size", -1), level = attr_int(info, "accuracy_level", 0);
     if (K <= 0 || N <= 0 || block <= 0)
         return fail(ORT_INVALID_GRAPH, "imegen: node '%s': attributes K, N and block_size must be positive", n->name);
     n->K = (size_t)K, n->N = (size_t)N;
-    n->has_bias = present(info, count, IN_BIAS);
-    if (present(info, count, IN_GIDX))
+    n->has_bias = input_wired(info, IN_BIAS);
+    if (input_wired(info, IN_GIDX))
         return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': g_idx (act-order) is not supported", n->name);
     if (level < 0 || level > 4)
         return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': accuracy_level %lld is not one of ORT's 0-4", n->name,
                     (long long)level);
     /* Levels 0-3 compute in fp32 (ORT's CPU has no fp16/bf16 path for them), level 4 in int8. */
-    const struct needs q = {(int)bits, (int)block, level == 4, present(info, count, IN_ZP), n->has_bias, n->N, n->K};
+    const struct needs q = {(int)bits, (int)block, level == 4, input_wired(info, IN_ZP), n->has_bias, n->N, n->K};
     if (choose(n, &q))
         return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': more than %d gemm kernels (of different min_rows) in %s "
                     "serve it; the library holds at most %d per node", n->name, MAX_GEMM, imegen_spec_file, MAX_GEMM);
@@ -676,7 +633,6 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
 }
 
 static const char *ORT_API_CALL op_name(const OrtCustomOp *op) { (void)op; return "MatMulNBits"; }
-static const char *ORT_API_CALL op_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp *op, size_t i) {
     (void)op;
     static const ONNXTensorElementDataType types[N_INPUTS] = {
@@ -699,10 +655,6 @@ static OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_char(const OrtCu
     (void)op, (void)i;
     return INPUT_OUTPUT_REQUIRED;
 }
-static OrtMemType ORT_API_CALL input_mem(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return OrtMemTypeDefault; }
-static int ORT_API_CALL one(const OrtCustomOp *op) { (void)op; return 1; }
-static int ORT_API_CALL start_version(const OrtCustomOp *op) { (void)op; return 1; }
-static int ORT_API_CALL end_version(const OrtCustomOp *op) { (void)op; return 2147483647; }
 
 static OrtCustomOp matmul_nbits_op;
 static struct once process_once = {0, PTHREAD_MUTEX_INITIALIZER};

@@ -27,21 +27,9 @@
 
 #include "customop_lib.h"
 #include "decoder_ops.h"
+#include "ort_glue.h"
 
-static const OrtApi *ort;
-
-#define TRY(call) do { OrtStatus *st_ = (call); if (st_) return st_; } while (0)
 #define MAX_RANK 8
-
-static OrtStatus *fail(OrtErrorCode code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static OrtStatus *fail(OrtErrorCode code, const char *fmt, ...) {
-    char msg[768];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return ort->CreateStatus(code, msg);
-}
 
 /* ------------------------------------------------------------------------------------------ vector math */
 /* e^x for x <= 88: x = n ln2 + r with |r| <= ln2/2, e^r by its Taylor polynomial of degree 7 (truncation error
@@ -90,13 +78,6 @@ static void rms_norm_row(const float *x, const float *gamma, float *y, size_t n,
 }
 
 /* ----------------------------------------------------------------------------------------- ORT helpers */
-static OrtStatus *tensor_data(const OrtValue *v, const void **out) {
-    void *p;
-    OrtStatus *st = ort->GetTensorMutableData((OrtValue *)v, &p);
-    *out = p;
-    return st;
-}
-
 struct shape {
     size_t rank, count;
     int64_t dims[MAX_RANK];
@@ -127,32 +108,6 @@ static OrtStatus *output(OrtKernelContext *ctx, size_t i, const int64_t *dims, s
     OrtValue *v;
     TRY(ort->KernelContext_GetOutput(ctx, i, dims, rank, &v));
     return ort->GetTensorMutableData(v, (void **)data);
-}
-
-static float attr_float(const OrtKernelInfo *info, const char *name, float fallback) {
-    float v;
-    OrtStatus *st = ort->KernelInfoGetAttribute_float(info, name, &v);
-    if (st) ort->ReleaseStatus(st), v = fallback;
-    return v;
-}
-
-static int64_t attr_int(const OrtKernelInfo *info, const char *name, int64_t fallback) {
-    int64_t v;
-    OrtStatus *st = ort->KernelInfoGetAttribute_int64(info, name, &v);
-    if (st) ort->ReleaseStatus(st), v = fallback;
-    return v;
-}
-
-static int input_wired(const OrtKernelInfo *info, size_t i) {
-    size_t count = 0;
-    char name[512];
-    size_t size = sizeof name;
-    OrtStatus *st = ort->KernelInfo_GetInputCount(info, &count);
-    if (st) return ort->ReleaseStatus(st), 0;
-    if (i >= count) return 0;
-    st = ort->KernelInfo_GetInputName(info, i, name, &size);
-    if (st) return ort->ReleaseStatus(st), 1;
-    return name[0] != 0;
 }
 
 /* ------------------------------------------------------------------------------------------- operators */
@@ -546,7 +501,6 @@ static void destroy(void *kernel) {
 }
 
 static const char *ORT_API_CALL op_name(const OrtCustomOp *op) { return descs[id_of(op)].name; }
-static const char *ORT_API_CALL op_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static size_t ORT_API_CALL input_count(const OrtCustomOp *op) { return descs[id_of(op)].inputs; }
 static size_t ORT_API_CALL output_count(const OrtCustomOp *op) { return descs[id_of(op)].outputs; }
 static ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp *op, size_t i) {
@@ -563,10 +517,6 @@ static OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_char(const OrtCu
     (void)op, (void)i;
     return INPUT_OUTPUT_REQUIRED;
 }
-static OrtMemType ORT_API_CALL input_mem(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return OrtMemTypeDefault; }
-static int ORT_API_CALL one(const OrtCustomOp *op) { (void)op; return 1; }
-static int ORT_API_CALL start_version(const OrtCustomOp *op) { (void)op; return 1; }
-static int ORT_API_CALL end_version(const OrtCustomOp *op) { (void)op; return 2147483647; }
 
 void imegen_decoder_ops_init(const OrtApi *api) {
     ort = api;
