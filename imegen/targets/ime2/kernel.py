@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...spec import KernelSpec
-from ..base import VECTOR_REGISTERS
+from ..base import VECTOR_REGISTERS, default_zero_point
 from ..ime.asm import MAX_UNROLLED_ITERATIONS, AsmOp, ImePlan, acc_groups, zero_accumulators
 from .encoding import encode_vmadot, mnemonic
 from .rules import A_TILE_BYTES, K_STEP, SLIDES, a_registers, tiles
@@ -132,7 +132,7 @@ def loop_body(spec: KernelSpec, r: Registers) -> tuple[AsmOp, ...]:
     for g in range(b_groups(spec)):
         ops += _load_b(spec, r, g)
     ops += _vmadots(spec, r)
-    ops.append(AsmOp("addi", f"addi %[a], %[a], {a_step(spec)}"))
+    ops += _add_imm("%[a]", a_step(spec))
     return tuple(ops)
 
 
@@ -195,13 +195,132 @@ def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
     iterations = spec.block // (K_STEP * spec.k_unroll)
     b_stride = spec.panel * K_STEP  # a panel's B tiles for one k group (16 k of 8-bit codes, 32 of 4-bit)
     acc_zero = (*zero_accumulators(2 * ma * na, on_vfp=False), AsmOp("vset", ENTRY_VTYPE, "vmadot: e8, LMUL 1, vl = 128"))
+    b_walk = iterations * b_groups(spec) * b_stride
+    g = gemv_fold_registers(spec)
+    if g is not None:  # one asm statement per tile: the block loop and the fold in registers
+        body = loop_body(spec, r)
+        # the fold leaves e32, LMUL 1 (vmadot's too); an unpack at the entry vtype needs e8
+        entry = () if spec.bits == 8 or any(op.kind == "vset" for op in body) else (AsmOp("vset", ENTRY_VTYPE, "the unpack: e8"),)
+        in_regs = dict(facc_regs=((g.facc,),), tile_start=gemv_tile_start(spec, g), acc_zero=entry,
+                       fold=gemv_fold(spec, g, default_zero_point(spec)), block_end=gemv_block_end(spec, pack, b_walk),
+                       tile_end=gemv_tile_end(g),
+                       index16=compact_mask(spec), clobbers=tuple(f"v{x}" for x in range(g.dots + 4)))
+    else:
+        in_regs = dict(fold=gemv_compact_rows(spec, r) if spec.tile_m == 1 else store_accumulators(2 * ma * na),
+                       clobbers=tuple(f"v{x}" for x in range(r.used)))
+    in_regs.setdefault("acc_zero", acc_zero)
     return ImePlan(
-        ma=ma, na=na, acc_regs=r.acc, prologue=(), body=loop_body(spec, r),
-        fold=gemv_compact_rows(spec, r) if spec.tile_m == 1 else store_accumulators(2 * ma * na),
+        ma=ma, na=na, acc_regs=r.acc, prologue=(), body=loop_body(spec, r), **in_regs,
         iterations_per_block=iterations, a_bytes_per_iteration=a_step(spec), b_stride=b_stride,
-        b_walk=iterations * b_groups(spec) * b_stride, clobbers=tuple(f"v{x}" for x in range(r.used)),
+        b_walk=b_walk,
         vmadots_per_tile_block=(spec.block // K_STEP) * ma * na,
         facc_floats=spec.tile_n if spec.tile_m == 1 else ma * na * 64, facc_at=facc_at(spec),
-        acc_zero=acc_zero, unrolled=iterations <= MAX_UNROLLED_ITERATIONS, entry_vset=False,
+        unrolled=iterations <= MAX_UNROLLED_ITERATIONS, entry_vset=False,
         k_step=K_STEP, a_tile_bytes=A_TILE_BYTES)
 
+
+
+# --- gemv: the whole block loop in one asm statement, the fold in registers ---------------------------------
+
+GEMV_FOLD_LANES = 32  # one e32 register at VLEN 1024: the row's TN <= 32 results, compacted dots, factors
+
+
+@dataclass(frozen=True)
+class GemvRegisters:
+    facc: int  # the row's fp32 accumulators (e32, one register)
+    mask: int  # the lanes of row 0 of every vmadot tile in the e32 view of v0..v7 (vcompress)
+    dots: int  # an aligned group of 8: vcompress's destination; its lanes 0..TN-1 = the block's dots
+    # dots + 1, + 2, + 3: the zero points' bytes, widened to int32, the B scales times the A scale
+
+
+def gemv_fold_registers(spec: KernelSpec) -> GemvRegisters | None:
+    """Where gemv_tile_asm keeps its fold, after the k loop's registers; None when it does not apply: more than
+    32 columns (their compacted dots would not fit one e32 register), fp16 scales (widened in C), ORT's own
+    scale arrays, or too few registers left."""
+    if spec.tile_m != 1 or spec.tile_n > GEMV_FOLD_LANES or spec.scale_type != "fp32" or spec.scales == "ort":
+        return None
+    first = max(allocate(spec).used, 8)  # v0..v7 are zeroed as one group (the k loop's A and B reload anyway)
+    dots = -(-(first + 2) // 8) * 8
+    return GemvRegisters(facc=first, mask=first + 1, dots=dots) if dots + 8 <= VECTOR_REGISTERS else None
+
+
+def compact_mask(spec: KernelSpec) -> tuple[int, ...]:
+    """vcompress's mask as bytes (lane L: bit L % 8 of byte L / 8) over the e32 view of v0..v7: lanes 0..7 of
+    each accumulator pair's vd, row 0 of its vmadot tile (tile ni's vd is v(2 ni): lanes 64 ni..)."""
+    mask = [0] * (8 * VECTOR_REGISTERS // 8)
+    for ni in range(tiles(spec)[1]):
+        mask[ni * 8] = 0xFF
+    return tuple(mask[:32])
+
+
+def _add_imm(reg: str, value: int, what: str = "") -> list[AsmOp]:
+    if not value:
+        return []
+    if -2048 <= value < 2048:
+        return [AsmOp("addi", f"addi {reg}, {reg}, {value}", what)]
+    return [AsmOp("li", f"li t1, {value}"), AsmOp("add", f"add {reg}, {reg}, t1", what)]  # past addi's 12 bits
+
+
+def gemv_fold(spec: KernelSpec, g: GemvRegisters, zp_default: int) -> tuple[AsmOp, ...]:
+    """After a block's k loop: its TN dots compacted into v{dots} (vcompress), then, at e32 LMUL 1 (32 lanes),
+    facc += float(dot - zp * sum(a)) * (b_scale * a_scale): the difference is exact in int32 and fp32
+    (|.| <= block x 128 x 255 < 2^24), the scaling rounds twice, as the C fold does."""
+    d, z8, z32, sb = g.dots, g.dots + 1, g.dots + 2, g.dots + 3
+    ops = [AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma", "the accumulators' e32 view"),
+           AsmOp("vcompress", f"vcompress.vm v{d}, v0, v{g.mask}", "row 0 of each tile: the block's dots, column by column"),
+           *_zero_accumulators_e32m8(spec, "for the next block"),
+           AsmOp("vset", "vsetvli t0, zero, e32, m1, ta, ma", "the fold: 32 lanes (and vmadot's vtype: LMUL 1, vl = VLMAX)"),
+           AsmOp("lw", "lw t2, 0(%[as])", "the row's code sum of the block")]
+    if spec.zero_point == "asymmetric":
+        ops += [AsmOp("vle8", f"vle8.v v{z8}, (%[zp])", "B's zero points"),
+                AsmOp("vzext", f"vzext.vf4 v{z32}, v{z8}"),
+                AsmOp("vnmsac", f"vnmsac.vx v{d}, t2, v{z32}", "- zp * sum(a)")]
+    else:
+        shift = zp_default.bit_length() - 1
+        ops += [AsmOp("slli", f"slli t2, t2, {shift}", f"{zp_default} * sum(a)"),
+                AsmOp("vsub", f"vsub.vx v{d}, v{d}, t2", "- zp * sum(a)")]
+    ops += [AsmOp("vfcvt", f"vfcvt.f.x.v v{d}, v{d}", "exact: below 2^24"),
+            AsmOp("vle32", f"vle32.v v{sb}, (%[sb])", "B's scales"),
+            AsmOp("flw", "flw ft0, 0(%[sa])", "the row's A scale"),
+            AsmOp("vfmul", f"vfmul.vf v{sb}, v{sb}, ft0"),
+            AsmOp("vfmacc", f"vfmacc.vv v{g.facc}, v{d}, v{sb}", "facc += dot x scale")]
+    return tuple(ops)
+
+
+def _zero_accumulators_e32m8(spec: KernelSpec, what: str) -> list[AsmOp]:
+    """The int32 accumulators (v0.., at most 8 registers for a gemv of <= 32 columns) = 0, under e32 LMUL 8: all
+    of v0..v7, which holds nothing else live across blocks (gemv_fold_registers)."""
+    return [AsmOp("vmv", "vmv.v.i v0, 0", f"int32 accumulators v0-v7 = 0, {what}")]
+
+
+def gemv_block_end(spec: KernelSpec, pack, b_walk: int) -> tuple[AsmOp, ...]:
+    """Every pointer to the next block (a's k loop has walked it already), then the block loop's branch: on
+    until the A scale pointer reaches the tile's last block's."""
+    data, scale, zp = ((pack.chunk_bytes,) * 3 if pack.inline else (pack.data_bytes, pack.scale_bytes, pack.zp_bytes))
+    ops = [AsmOp("addi", "addi %[sa], %[sa], 4"), AsmOp("addi", "addi %[as], %[as], 4"),
+           *_add_imm("%[sb]", scale, "the next block's B scales")]
+    if spec.zero_point == "asymmetric":
+        ops += _add_imm("%[zp]", zp, "... zero points")
+    ops += _add_imm("%[b]", data - b_walk, "... codes")
+    ops += [AsmOp("bne", "bne %[sa], %[sa_end], 2b", "the next block")]
+    return tuple(ops)
+
+
+def gemv_tile_start(spec: KernelSpec, g: GemvRegisters) -> tuple[AsmOp, ...]:
+    """vmadot runs under the fold's vtype (e32, LMUL 1, vl = VLMAX: docs/ime2-isa.md §5), so a block needs no
+    vsetvli of its own but the 4-bit unpack's two."""
+    return (AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma", "vlm reads VLMAX / 8 bytes: 32"),
+            AsmOp("vlm", f"vlm.v v{g.mask}, (%[mask])", "row 0 of each tile (compact_mask)"),
+            *_zero_accumulators_e32m8(spec, "for the first block"),
+            AsmOp("vset", "vsetvli t0, zero, e32, m1, ta, ma"),
+            AsmOp("vmv", f"vmv.v.i v{g.facc}, 0", "fp32 accumulators: +0.0f"))
+
+
+def gemv_tile_end(g: GemvRegisters) -> tuple[AsmOp, ...]:
+    """The row's results to C: plus C's (a later K chunk) or the bias (the first), cols of them."""
+    return (AsmOp("vset", "vsetvli t0, %[cols], e32, m1, ta, ma", "the tile's columns"),
+            AsmOp("beqz", "beqz %[addend], 3f", "nothing to add"),
+            AsmOp("vle32", f"vle32.v v{g.dots}, (%[addend])", "C (a later K chunk) or the bias"),
+            AsmOp("vfadd", f"vfadd.vv v{g.facc}, v{g.facc}, v{g.dots}"),
+            AsmOp("label", "3:"),
+            AsmOp("vse32", f"vse32.v v{g.facc}, (%[c])", "the row's results"))
