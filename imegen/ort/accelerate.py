@@ -343,7 +343,7 @@ BOARDS = {"k1": Board("k1", "SpacemiT K1", "ime", True, 256),
 # order) so one copy of B serves both. 16 k per vmadot and two steps per 4-bit byte row: k_unroll 2 where the
 # block allows it.
 K3_CONFIGS = {"gemv": {"tile": "1x32", "unpack": "interleaved", "panel": 32},
-              "gemm": {"tile": "16x32", "unpack": "interleaved", "panel": 32}}
+              "gemm": {"tile": "8x32", "unpack": "interleaved", "panel": 32}}
 
 
 def k3_config(group: Group, op: str) -> Config | SpecError:

@@ -39,17 +39,18 @@ def grouped(first: int, n: int) -> bool:
     return n in (2, 4, 8) and first % n == 0
 
 
-def allocate(spec: KernelSpec) -> Registers:
-    """Upwards from v0: accumulator pairs, A, then per B group its raw and (4-bit) low-nibble registers,
-    each run aligned to its size where the registers allow (one load and one unpack per run), else packed."""
-    aligned = _allocate(spec, align=True)
-    return aligned if aligned.used <= VECTOR_REGISTERS else _allocate(spec, align=False)
+def allocate(spec: KernelSpec, reserve: int = 0) -> Registers:
+    """Upwards from v0: accumulator pairs, `reserve` registers (the in-register gemm fold's fp32 accumulators),
+    A, then per B group its raw and (4-bit) low-nibble registers, each run aligned to its size where the
+    registers allow (one load and one unpack per run), else packed."""
+    aligned = _allocate(spec, align=True, reserve=reserve)
+    return aligned if aligned.used <= VECTOR_REGISTERS else _allocate(spec, align=False, reserve=reserve)
 
 
-def _allocate(spec: KernelSpec, align: bool) -> Registers:
+def _allocate(spec: KernelSpec, align: bool, reserve: int = 0) -> Registers:
     ma, na = tiles(spec)
     acc = tuple(tuple(2 * (mi * na + ni) for ni in range(na)) for mi in range(ma))
-    first_a = 2 * ma * na  # even: a gemv pair starts on an even register
+    first_a = 2 * ma * na + reserve  # even: a gemv pair starts on an even register
     if spec.tile_m == 1:
         step = 1 if spec.k_unroll == 1 else 2
         a: list = [first_a + step * q for q in range(a_registers(spec) // step)]
@@ -197,7 +198,15 @@ def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
     acc_zero = (*zero_accumulators(2 * ma * na, on_vfp=False), AsmOp("vset", ENTRY_VTYPE, "vmadot: e8, LMUL 1, vl = 128"))
     b_walk = iterations * b_groups(spec) * b_stride
     g = gemv_fold_registers(spec)
-    if g is not None:  # one asm statement per tile: the block loop and the fold in registers
+    if gemm_fold_in_registers(spec):
+        r = allocate(spec, reserve=8)
+        body = loop_body(spec, r)
+        entry = () if any(op.kind == "vset" for op in body) else (AsmOp("vset", ENTRY_VTYPE, "vmadot: LMUL 1"),)
+        in_regs = dict(facc_regs=((G_FACC,),), tile_start=gemm_tile_start(), acc_zero=entry,
+                       fold=gemm_fold(spec, default_zero_point(spec)), block_end=gemm_block_end(spec, pack, b_walk),
+                       tile_end=gemm_tile_end(), index16=gemm_lane_tables(),
+                       clobbers=tuple(f"v{x}" for x in range(VECTOR_REGISTERS)))
+    elif g is not None:  # one asm statement per tile: the block loop and the fold in registers
         body = loop_body(spec, r)
         # the fold leaves e32, LMUL 1 (vmadot's too); an unpack at the entry vtype needs e8
         entry = () if spec.bits == 8 or any(op.kind == "vset" for op in body) else (AsmOp("vset", ENTRY_VTYPE, "the unpack: e8"),)
@@ -324,3 +333,108 @@ def gemv_tile_end(g: GemvRegisters) -> tuple[AsmOp, ...]:
             AsmOp("vfadd", f"vfadd.vv v{g.facc}, v{g.facc}, v{g.dots}"),
             AsmOp("label", "3:"),
             AsmOp("vse32", f"vse32.v v{g.facc}, (%[c])", "the row's results"))
+
+
+# --- gemm 8x32: the whole block loop in one asm statement, fp32 accumulators in registers -------------------
+#
+# v0-v7 the int32 accumulators (tile ni: v(2 ni) rows 0-3, v(2 ni + 1) rows 4-7, 8 columns each), v8-v15 the
+# fp32 ones in the same lanes, v16-v27 the k loop's A and B, then in the fold a row factor (v16-v19), a
+# column factor (v20-v23) and the loaded factors (v24, the gathers' source), v28-v31 two e16 lane tables.
+# The fold works on halves of 4 registers (tiles 0-1, 2-3): a factor per row or column of the block is loaded
+# contiguously and spread over a half's 128 lanes by one register gather.
+
+GEMM_FOLD_TILE = (8, 32)
+G_FACC, G_ROW, G_COL, G_SRC, G_IDX_ROW, G_IDX_COL = 8, 16, 20, 24, 28, 30
+HALF_LANES = 128  # e32 lanes of 4 registers at VLEN 1024
+
+
+def gemm_fold_in_registers(spec: KernelSpec) -> bool:
+    """Does the gemm get the in-register fold: an 8x32 tile (its 16 accumulator registers, int32 and fp32,
+    leave room for the k loop only there), fp32 scales ahead of each chunk (the fold loads 128 bytes from the
+    B scales and zero points: inside the chunk), a k loop within v16-v27."""
+    return (spec.tile_m != 1 and (spec.tile_m, spec.tile_n) == GEMM_FOLD_TILE and spec.scale_type == "fp32"
+            and spec.scales == "inline" and allocate(spec, reserve=8).used <= G_IDX_ROW)
+
+
+def gemm_lane_tables() -> tuple[int, ...]:
+    """The e16 tables the asm loads: a half's lane -> row (0-7) and lane -> column (0-15), then the
+    row-major order of the fp32 accumulators' lanes (output (r, c) at entry 32 r + c) for the epilogue."""
+    row = [4 * ((q // 32) % 2) + (q % 32) // 8 for q in range(HALF_LANES)]
+    col = [8 * (q // 64) + q % 8 for q in range(HALF_LANES)]
+    perm = [(2 * (c // 8) + r // 4) * 32 + (r % 4) * 8 + c % 8 for r in range(8) for c in range(32)]
+    return (*row, *col, *perm)
+
+
+def _spread(dest: int, idx: int, what: str) -> AsmOp:
+    return AsmOp("vgather", f"vrgatherei16.vv v{dest}, v{G_SRC}, v{idx}", what)
+
+
+def gemm_fold(spec: KernelSpec, zp_default: int) -> tuple[AsmOp, ...]:
+    """After a block's k loop: int32 dots - zp x sum(a) (exact), to fp32, times a_scale x b_scale into the fp32
+    accumulators (two roundings, as the C fold), the int32 accumulators zeroed for the next block."""
+    m4 = AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma", "a half: 128 lanes")
+    rows8 = AsmOp("vset", "vsetivli t0, 8, e32, m1, ta, ma", "the tile's 8 rows")
+    ops = [rows8, AsmOp("vlse32", f"vlse32.v v{G_SRC}, (%[as]), %[ass]", "the rows' code sums of the block"), m4,
+           _spread(G_ROW, G_IDX_ROW, "sum(a) by row")]
+    if spec.zero_point == "asymmetric":
+        # each half's zero points spread as bytes (an e8 gather is one register, not four), then widened
+        ops += [AsmOp("vle8", f"vl1re8.v v{G_COL}, (%[zp])", "zero points of columns 0.."),
+                AsmOp("addi", "addi t1, %[zp], 16"),
+                AsmOp("vle8", f"vl1re8.v v{G_COL + 1}, (t1)", "... of columns 16.."),
+                AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma", "128 byte lanes"),
+                AsmOp("vgather", f"vrgatherei16.vv v{G_SRC}, v{G_COL}, v{G_IDX_COL}", "zp by column, first half"),
+                AsmOp("vgather", f"vrgatherei16.vv v{G_SRC + 1}, v{G_COL + 1}, v{G_IDX_COL}", "... second half"),
+                m4]
+        for half in range(2):
+            ops += [AsmOp("vzext", f"vzext.vf4 v{G_COL}, v{G_SRC + half}"),
+                    AsmOp("vnmsac", f"vnmsac.vv v{4 * half}, v{G_COL}, v{G_ROW}", "- zp * sum(a)")]
+    else:
+        ops += [AsmOp("li", f"li t2, {zp_default}")]
+        ops += [AsmOp("vnmsac", f"vnmsac.vx v{4 * half}, t2, v{G_ROW}", "- zp * sum(a)") for half in range(2)]
+    ops += [AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
+            AsmOp("vfcvt", "vfcvt.f.x.v v0, v0", "exact: below 2^24"),
+            rows8, AsmOp("vle32", f"vle32.v v{G_SRC}, (%[sa])", "the rows' A scales of the block"), m4,
+            _spread(G_ROW, G_IDX_ROW, "a_scale by row")]
+    for half in range(2):
+        ops += _offset_load("vl1re32.v", G_SRC, "%[sb]", 64 * half, f"B scales of columns {16 * half}..")
+        ops += [_spread(G_COL, G_IDX_COL, "b_scale by column"),
+                AsmOp("vfmul", f"vfmul.vv v{G_COL}, v{G_COL}, v{G_ROW}", "a_scale x b_scale"),
+                AsmOp("vfmacc", f"vfmacc.vv v{G_FACC + 4 * half}, v{4 * half}, v{G_COL}", "facc += dot x scale")]
+    ops += [AsmOp("vmv", "vmv.v.i v0, 0", "int32 accumulators = 0 for the next block: half on the integer unit,"),
+            AsmOp("vfmv", "vfmv.v.f v4, ft1", "half on the FP unit (+0.0f's bits)")]
+    return tuple(ops)
+
+
+def _offset_load(mnemonic_: str, reg: int, ptr: str, offset: int, what: str) -> list[AsmOp]:
+    if not offset:
+        return [AsmOp("vle8", f"{mnemonic_} v{reg}, ({ptr})", what)]
+    return [AsmOp("addi", f"addi t1, {ptr}, {offset}"), AsmOp("vle8", f"{mnemonic_} v{reg}, (t1)", what)]
+
+
+def gemm_block_end(spec: KernelSpec, pack, b_walk: int) -> tuple[AsmOp, ...]:
+    """Every pointer to the next block (A's codes walked by the k loop), then the block loop's branch."""
+    ops = [AsmOp("addi", f"addi %[sa], %[sa], {4 * spec.tile_m}", "A scales: TM to a block"),
+           AsmOp("addi", "addi %[as], %[as], 4"), *_add_imm("%[sb]", pack.chunk_bytes, "the next chunk")]
+    if spec.zero_point == "asymmetric":
+        ops += _add_imm("%[zp]", pack.chunk_bytes)
+    ops += _add_imm("%[b]", pack.chunk_bytes - b_walk)
+    return (*ops, AsmOp("bne", "bne %[sa], %[sa_end], 2b", "the next block"))
+
+
+def gemm_tile_start() -> tuple[AsmOp, ...]:
+    return (AsmOp("fmv", "fmv.w.x ft1, zero", "+0.0f"),
+            AsmOp("vle8", f"vl2re16.v v{G_IDX_ROW}, (%[idx])", "lane -> row"),
+            AsmOp("addi", f"addi t1, %[idx], {2 * HALF_LANES}"),
+            AsmOp("vle8", f"vl2re16.v v{G_IDX_COL}, (t1)", "lane -> column"),
+            AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
+            AsmOp("vmv", "vmv.v.i v0, 0", "int32 accumulators"),
+            AsmOp("vmv", f"vmv.v.i v{G_FACC}, 0", "fp32 accumulators: +0.0f"))
+
+
+def gemm_tile_end() -> tuple[AsmOp, ...]:
+    """The fp32 accumulators in row-major order (one gather at LMUL 8) to %[out]: row r in lanes 32 r.."""
+    return (AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
+            AsmOp("addi", f"addi t1, %[idx], {4 * HALF_LANES}"),
+            AsmOp("vle8", f"vl4re16.v v{G_SRC}, (t1)", "row-major order"),
+            AsmOp("vgather", f"vrgatherei16.vv v16, v{G_FACC}, v{G_SRC}"),
+            AsmOp("vse8", "vs8r.v v16, (%[out])", "the tile's 8 x 32 results"))
