@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 
 from imegen import toolchain
-from imegen.perf.baselines.llama_cpp import whole_gguf, whole_model, whole_reference
+from imegen.perf.baselines.llama_cpp import whole_gguf, whole_model, whole_nodes, whole_reference
 from imegen.perf.model import x60
+from imegen.perf.report import whole_model as report
 
 NEEDS_TOOLS = pytest.mark.skipif(bool(toolchain.missing_tools()), reason="needs the cross toolchains and qemu-riscv64")
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "llama_whole_model.json"
@@ -74,8 +75,10 @@ def tiny(tmp_path_factory):
     cfg, w = whole_gguf.TINY, whole_gguf.weights(whole_gguf.TINY)
     whole_gguf.write_gguf(cfg, d / "tiny.gguf", whole_model.tree() / "gguf-py", w)
     runs = {}
-    for arch in (whole_model.IME1_ARCH, whole_model.GENERIC_ARCH):
-        calls = whole_model.run(exe, d / "tiny.gguf", PREFILL, DECODE, logits=d / f"{arch}.bin", arch=arch)
+    for arch in (whole_model.IME1_ARCH, whole_model.GENERIC_ARCH, "per-node"):
+        per_node = arch == "per-node"
+        calls = whole_model.run(exe, d / "tiny.gguf", PREFILL, DECODE, logits=d / f"{arch}.bin",
+                                arch=whole_model.IME1_ARCH if per_node else arch, per_node=per_node)
         runs[arch] = calls, np.fromfile(d / f"{arch}.bin", np.float32).reshape(-1, cfg.vocab)
     # The tokens the driver fed: its fixed prompt, then each call's argmax (greedy decoding).
     calls = runs[whole_model.IME1_ARCH][0]
@@ -144,8 +147,8 @@ def test_path_without_ime_agrees_too(tiny):
 
 @NEEDS_TOOLS
 def test_counted_llama_decode_calls(tiny):
-    regions, calls = whole_model.run_regions(tiny["exe"], tiny["gguf"], PREFILL, 2)
-    assert len(regions) == 3 and [c.tokens for c in calls] == [PREFILL, 1, 1]
+    regions, calls, labels = whole_model.run_regions(tiny["exe"], tiny["gguf"], PREFILL, 2)
+    assert len(regions) == 3 and [label.split()[0] for label in labels] == ["call"] * 3 and [c.tokens for c in calls] == [PREFILL, 1, 1]
     prefill, first, later = (whole_model.split(r) for r in regions)
     assert min(prefill["spacemit"], prefill["rest"], later["spacemit"], later["rest"]) > 0
     assert [r["kernel.vmadot"] for r in regions] == [c.emulated for c in calls]
@@ -176,3 +179,181 @@ def test_committed_results_are_consistent():
         first = rows["decode", context]["first_after_prefill"]
         assert first["cached"] == context and first["split"]["rest"] > rows["decode", context]["split"]["rest"]
         assert first["instructions"] == sum(first["split"].values())
+
+
+def test_committed_results_are_accounted_node_by_node():
+    """Each llama.cpp row has its per-node account, whose instructions are the whole call's (the observation's
+    cost taken off), its ops' times adding up to its time; the whole-model report's llama.cpp rows are those."""
+    res = json.loads(RESULTS.read_text())
+    csv_rows = {(r.phase, r.context): r for r in report.read_csv((RESULTS.parent / report.CSV_NAME).read_text())
+                if r.engine == report.LLAMA}
+    for r in res["rows"]:
+        p = r["per_node"]
+        assert p["instructions"] == pytest.approx(r["instructions"], rel=1e-6)
+        assert sum(o["ms"] for o in p["by_op"]) == pytest.approx(p["ms_modeled"], abs=1e-3)
+        assert sum(o["dram_bytes"] for o in p["by_op"]) == pytest.approx(p["dram_bytes"], abs=len(p["by_op"]))
+        assert p["dram_bytes"] > whole_gguf.matrix_bytes(whole_gguf.QWEN25_05B) and p["ms_modeled"] >= p["core_ms_modeled"]
+        assert 0 < p["observation_per_node"]["layers 2"] < 20_000
+        assert "max" in r["whole_call_modeled_x60_ms"]
+        row = csv_rows[(r["phase"], r["context"])]
+        assert row.ms_modeled == pytest.approx(p["ms_modeled"], abs=1e-3)
+        assert row.dram_bytes == pytest.approx(p["dram_bytes"], rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ node by node
+@NEEDS_TOOLS
+def test_observing_every_node_computes_the_same(tiny):
+    """With the graph-eval callback cutting every node into a graph of its own (RMS_NORM kept with its MUL, which
+    ggml-cpu fuses), llama.cpp computes bit for bit what it computes unobserved, and the NumPy check holds."""
+    calls, got = tiny["runs"]["per-node"]
+    plain_calls, plain = tiny["runs"][whole_model.IME1_ARCH]
+    assert np.array_equal(got.view(np.uint32), plain.view(np.uint32))
+    assert [c.emulated for c in calls] == [c.emulated for c in plain_calls]
+    like = whole_reference.forward(tiny["cfg"], tiny["w"], tiny["tokens"], llama_like=True)
+    assert relative_rms(got, like).max() < 3e-2
+
+
+@pytest.fixture(scope="module")
+def node_counts(tiny):
+    """The tiny model's prefill and two decode calls counted node by node and as one region each."""
+    regions, calls, labels = whole_model.run_regions(tiny["exe"], tiny["gguf"], PREFILL, 2, per_node=True)
+    whole, _, _ = whole_model.run_regions(tiny["exe"], tiny["gguf"], PREFILL, 2)
+    per_call = [whole_nodes.call_regions(r, lab) for r, lab in
+                zip(whole_model.call_groups(regions, labels), whole_model.call_groups(labels, labels))]
+    return per_call, whole, calls
+
+
+VECTOR = ("vload", "vstore", "valu", "vfpu", "vmadot", "vset")
+
+
+@NEEDS_TOOLS
+def test_node_regions_cover_the_whole_call(node_counts):
+    """The per-node regions (nodes, the gaps between them, the call's head and tail) add up to the call counted as
+    one region, plus what observing costs: a graph launch per node in ggml's own scalar code (the driver's callback
+    is not counted), nothing in the vector units; the SpacemiT code's vector and vmadot counts are equal exactly.
+    Taking the mean cost off each node leaves the whole-call count, counter by counter."""
+    per_call, whole, calls = node_counts
+    assert len(per_call) == len(whole) == 3
+    for call, one in zip(per_call, whole):
+        ops = [n.op for n, _ in call.nodes]
+        assert len(ops) == 2 * 20 + 2 + 3 and ops.count("MUL_MAT") == 2 * 7 + 1 and ops.count("RMS_NORM+MUL") == 2 * 2 + 1
+        assert ops.count("FLASH_ATTN_EXT") == 2 and ops.count("GET_ROWS") == 1 + 2  # embedding; the output rows
+        total = call.total()
+        for k in set(total) | set(one):
+            if k.startswith("kernel.") and any(v in k for v in VECTOR):
+                assert total.get(k, 0) == one.get(k, 0), k
+        extra = x60.total_instructions(total) - x60.total_instructions(one)
+        assert 1_000 * len(ops) < extra < 20_000 * len(ops)  # measured ~7,500 per node
+        kernel_extra = x60.total_instructions(total, ("kernel",)) - x60.total_instructions(one, ("kernel",))
+        assert 0 <= kernel_extra <= 60 * len(ops)  # the SpacemiT thread-affinity hook, once per graph launch
+        taken, cost = whole_nodes.without_observation(call, one)
+        assert x60.total_instructions(cost) == pytest.approx(extra / len(ops))
+        back = taken.total()
+        assert all(back.get(k, 0) == pytest.approx(one.get(k, 0), abs=1e-6) for k in set(back) | set(one))
+
+
+def _expected_node_bytes(cfg: whole_gguf.QwenConfig, node: whole_nodes.Node, tokens: int, cells: int) -> int | None:
+    """DRAM bytes of a node of the tiny model's call, from the configuration alone (None: not one checked here):
+    Q4_0 matrices 18 bytes per 32, f32 activations, f16 KV rows, i32/i64 indices."""
+    h, D, H, G = cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads
+    q4 = lambda n, k: n * k // 32 * 18  # noqa: E731
+    matrices = {"attn_q": (h, h), "attn_k": (G * D, h), "attn_v": (G * D, h), "attn_output": (h, h),
+                "ffn_gate": (cfg.intermediate, h), "ffn_up": (cfg.intermediate, h), "ffn_down": (h, cfg.intermediate)}
+    if node.op == "MUL_MAT":
+        weight = next(t.name for t in node.srcs if t.name.endswith(".weight"))
+        n, k = (cfg.vocab, h) if weight == "token_embd.weight" else matrices[weight.split(".")[2]]
+        m = node.dst.ne[1]  # the last layer's FFN and the lm_head run on the output row only
+        return q4(n, k) + 4 * m * (n + k)
+    if node.op == "FLASH_ATTN_EXT":
+        kv_cache = 256  # llama.cpp pads the KV cache (and so the mask's row) to 256 cells
+        return 4 * tokens * H * D * 2 + 2 * 2 * cells * G * D + 2 * kv_cache * tokens
+    if node.op == "SET_ROWS":
+        return tokens * G * D * (4 + 2) + 8 * tokens
+    if node.op == "GET_ROWS" and node.srcs[0].name == "token_embd.weight":
+        return tokens * (h // 32 * 18 + 4 + 4 * h)
+    if node.op == "RMS_NORM+MUL":
+        m = node.dst.ne[1]
+        return 4 * (2 * m * h + h)
+    return None
+
+
+@NEEDS_TOOLS
+@pytest.mark.parametrize("index,tokens,cells", [(0, PREFILL, PREFILL), (2, 1, PREFILL + 2)])
+def test_per_node_dram_bytes_against_the_configuration(node_counts, index, tokens, cells):
+    """Prefill (9 tokens, 9 cells attended) and the third call (1 token, 11 cells): each checked node's DRAM bytes
+    as whole_nodes.dram_bytes makes them from the driver's tensor lines, against bytes from the model's sizes."""
+    cfg = whole_gguf.TINY
+    checked = 0
+    for node, _ in node_counts[0][index].nodes:
+        want = _expected_node_bytes(cfg, node, tokens, cells)
+        if want is not None:
+            assert whole_nodes.dram_bytes(node) == want, node
+            checked += 1
+    assert checked == 2 * 7 + 1 + 2 + 2 * 2 + 1 + 2 * 2 + 1  # matmuls, attention, KV writes, embedding, norms
+    weights = sum(t.element_bytes for n, _ in node_counts[0][index].nodes if n.op == "MUL_MAT" for t in n.srcs
+                  if t.weight)
+    assert weights == whole_gguf.matrix_bytes(cfg)
+
+
+def _node(op: str, dst: tuple, *srcs: tuple, kv=None) -> whole_nodes.Node:
+    def tensor(spec):
+        name, type_, size, block, ne, flags = spec
+        return whole_nodes.Tensor(name, type_, size, block, ne, 0, flags)
+    return whole_nodes.Node(op, tensor(dst), tuple(tensor(s) for s in srcs), kv)
+
+
+def test_node_line_parsing_and_threads():
+    line = ("node FLASH_ATTN_EXT node_24:f32:4:1:32,4,9,1:4608:- Q_(view):f32:4:1:32,9,4,1:4608:v "
+            "cache_k_l0_(view):f16:2:1:32,256,2,1:32768:v cache_v_l0:f16:2:1:32,256,2,1:32768:v "
+            "attn_inp_kq_mask:f16:2:1:256,9,1,1:4608:- kv 9")
+    n = whole_nodes.parse_node(line)
+    assert n.op == "FLASH_ATTN_EXT" and n.kv == 9 and n.srcs[1].ne == (32, 256, 2, 1) and n.srcs[0].flags == "v"
+    assert whole_nodes.dram_bytes(n) == 4608 + 2 * 32 * 9 * 2 * 2 + 4608 + 4608
+    add = _node("ADD", ("x", "f32", 4, 1, (896, 1, 1, 1), "-"), ("a", "f32", 4, 1, (896, 1, 1, 1), "-"),
+                ("b", "f32", 4, 1, (896, 1, 1, 1), "w"))
+    assert whole_nodes.threads(add) == 1 and add.category == "ADD (bias)"
+    rope = _node("ROPE", ("q", "f32", 4, 1, (64, 14, 1, 1), "-"), ("q", "f32", 4, 1, (64, 14, 1, 1), "v"))
+    assert whole_nodes.threads(rope) == 4
+
+
+def _call(*nodes) -> whole_nodes.CallRegions:
+    return whole_nodes.CallRegions(tuple(nodes), {"callee.int": 100}, {"callee.int": 10})
+
+
+def test_layer_extrapolation_is_exact_in_sum():
+    """The 2-layer graph is the 1-layer one with a layer inserted after the embedding: that layer x (L - 1), every
+    other node on the line through its 1- and 2-layer counts; summed, C1 + (L - 1)(C2 - C1)."""
+    emb = _node("GET_ROWS", ("e", "f32", 4, 1, (8, 1, 1, 1), "-"), ("t", "q4_0", 18, 32, (32, 9, 1, 1), "w"))
+    mm = _node("MUL_MAT", ("y", "f32", 4, 1, (8, 1, 1, 1), "-"), ("w", "q4_0", 18, 32, (32, 8, 1, 1), "w"))
+    add = _node("ADD", ("z", "f32", 4, 1, (8, 1, 1, 1), "-"), ("y", "f32", 4, 1, (8, 1, 1, 1), "-"))
+    one = _call((emb, {"kernel.int": 5}), (mm, {"kernel.int": 50}), (add, {"callee.int": 7}))
+    two = _call((emb, {"kernel.int": 5}), (mm, {"kernel.int": 50}), (add, {"callee.int": 9}),
+                (mm, {"kernel.int": 51}), (add, {"callee.int": 7}))
+    two = whole_nodes.CallRegions(two.nodes, {"callee.int": 130}, {"callee.int": 10})
+    assert whole_nodes.layer_block(one, two) == (1, 3)
+    nodes, call = whole_nodes.extrapolate(one, two, 24)
+    total = whole_nodes.add(call, *({k: v * n.multiplicity for k, v in n.counts.items()} for n in nodes))
+    assert total == whole_model.extrapolate(one.total(), two.total(), 24)
+    assert [n.multiplicity for n in nodes] == [1, 1, 1, 23, 23]
+    with pytest.raises(ValueError):
+        whole_nodes.layer_block(two, one)
+
+
+def test_report_uses_the_per_node_rows():
+    """A llama.cpp row with its per-node account is reported by it (time, DRAM, shares by op), not by the
+    whole-call formula beside it."""
+    by_op = [{"op": "MUL_MAT", "nodes": 169, "instructions": 90e6, "dram_bytes": 280e6, "ms": 53.0, "core_ms": 8.0},
+             {"op": "ADD", "nodes": 72, "instructions": 3e6, "dram_bytes": 1e6, "ms": 1.0, "core_ms": 1.0},
+             {"op": "llama.cpp call", "nodes": 1, "instructions": 2e6, "dram_bytes": 0, "ms": 1.0, "core_ms": 1.0}]
+    row = {"phase": "decode", "context": 512, "instructions": 95e6, "split": {"spacemit": 80e6, "rest": 15e6},
+           "whole_call_modeled_x60_ms": {"core": 40.0}, "counts": {"kernel.int": 95e6},
+           "per_node": {"ms_modeled": 55.0, "core_ms_modeled": 10.0, "dram_bytes": 281e6, "instructions": 95e6,
+                        "nodes": 241, "by_op": by_op}}
+    r = report.llama_row(row)
+    assert r.ms_modeled == 55.0 and r.core_ms == 10.0 and r.dram_bytes == 281e6
+    assert r.time_shares == {"MUL_MAT": 53 / 55, "ADD": 1 / 55, "llama.cpp call": 1 / 55}
+    assert r.non_matmul_share == pytest.approx(2 / 55)
+    whole = report.whole_call_row(row)
+    assert whole.ms_modeled != r.ms_modeled and whole.core_ms == pytest.approx(10.0)
+    text = report.report_text([r], llama_json=[row])
+    assert "llama.cpp by op, decode 512" in text and "llama.cpp call" in text

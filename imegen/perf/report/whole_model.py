@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..baselines.llama_cpp.whole_nodes import CALL_CATEGORY as LLAMA_CALL
 from ..baselines.onnxruntime import per_node as pn
 from ..model import x60
 from ..workload import QWEN25_05B, shapes
@@ -80,8 +81,8 @@ def llama_core_seconds(r: dict) -> float:
     leave out the vector units' beats), split evenly over the 4 cores."""
     if "modeled_core_ms_x60" in r:
         one = r["modeled_core_ms_x60"] / 1e3
-    elif "modeled_x60_ms" in r:  # llama_cpp/whole_model.py's rows: x60.core_seconds of the full counters
-        one = r["modeled_x60_ms"]["core"] / 1e3
+    elif "whole_call_modeled_x60_ms" in r or "modeled_x60_ms" in r:  # llama_cpp/whole_model.py's: full counters
+        one = r.get("whole_call_modeled_x60_ms", r.get("modeled_x60_ms"))["core"] / 1e3
     elif "counts" in r:
         one = x60.core_seconds(r["counts"])
     else:
@@ -90,6 +91,26 @@ def llama_core_seconds(r: dict) -> float:
 
 
 def llama_row(r: dict) -> Row:
+    """A llama.cpp row: its per-node account when the row has one (llama_cpp/whole_model.py's "per_node"), else the
+    whole-call model (whole_call_row)."""
+    if "per_node" not in r:
+        return whole_call_row(r)
+    p = r["per_node"]
+    ops = p["by_op"]
+    seconds = sum(o["ms"] for o in ops) or 1.0
+    instructions = sum(o["instructions"] for o in ops) or 1.0
+    matmul = sum(o["ms"] for o in ops if o["op"] == "MUL_MAT")
+    by_time = sorted(ops, key=lambda o: -o["ms"])
+    by_instr = sorted(ops, key=lambda o: -o["instructions"])
+    return Row(LLAMA, r["phase"], int(r["context"]), float(p["instructions"]), float(p["ms_modeled"]),
+               1.0 - matmul / seconds, float(p["dram_bytes"]),
+               time_shares={o["op"]: o["ms"] / seconds for o in by_time},
+               instruction_shares={o["op"]: o["instructions"] / instructions for o in by_instr},
+               core_ms=float(p["core_ms_modeled"]))
+
+
+def whole_call_row(r: dict) -> Row:
+    """llama.cpp's whole call as one region: max(all core time / 4, (Q4_0 weights + f16 KV) / bandwidth)."""
     dram = llama_dram_bytes(r["phase"], int(r["context"]))
     seconds = max(llama_core_seconds(r), dram / x60.X60.dram_effective)
     split = r.get("split") or {}
@@ -99,14 +120,17 @@ def llama_row(r: dict) -> Row:
                core_ms=llama_core_seconds(r) * 1e3)
 
 
+def llama_json_rows(path: Path) -> list[dict]:
+    """The rows of llama_cpp/whole_model.py --write's JSON; [] when the file is not there."""
+    return json.loads(path.read_text())["rows"] if path.exists() else []
+
+
 def llama_rows(path: Path) -> list[Row]:
     """llama.cpp rows from `path` (llama_cpp/whole_model.py --write): {"rows": [{"phase": "decode" | "prefill",
     "context": P, "instructions": N (per llama_decode call, 1 thread), "modeled_core_ms_x60": one thread's X60
     core time (or "counts": the plugin's counters, or "classes": instruction class totals), "split":
     {"spacemit": N, "rest": N} (optional)}, ...]}; [] when the file is not there."""
-    if not path.exists():
-        return []
-    return [llama_row(r) for r in json.loads(path.read_text())["rows"]]
+    return [llama_row(r) for r in llama_json_rows(path)]
 
 
 # ------------------------------------------------------------------------------------------ CSV and text
@@ -157,7 +181,7 @@ def _top_shares(shares: dict[str, float], n: int = 4) -> str:
 
 def table(rows: list[Row]) -> str:
     head = ["phase", "context", "engine", "G instr", "ms MODELED", "tok/s MODELED", "core ms (DRAM ignored)",
-            "non-MatMulNBits", "DRAM MB", "largest shares of modeled time (instructions for llama.cpp)"]
+            "non-MatMulNBits", "DRAM MB", "largest shares of modeled time"]
     body = []
     for r in _sorted(rows):
         shares = r.time_shares or r.instruction_shares
@@ -172,9 +196,10 @@ def _find(rows: list[Row], engine: str, phase: str, context: int) -> Row | None:
     return next((r for r in rows if (r.engine, r.phase, r.context) == (engine, phase, context)), None)
 
 
-def headline(rows: list[Row]) -> str:
+def headline(rows: list[Row], llama_whole: list[Row] = ()) -> str:
     """The ratios of modeled time: ORT+imegen's decoder engine against stock, against matmul-only, and against
-    llama.cpp; the non-MatMulNBits share at decode 512."""
+    llama.cpp (node by node; `llama_whole`: its whole-call rows, shown beside); the non-MatMulNBits share at
+    decode 512."""
     lines = []
     for phase, context in ((p.kind, p.context) for p in pn.PHASES):
         stock, mm, dec = (_find(rows, e, phase, context) for e in (pn.STOCK, pn.MATMUL, pn.DECODER))
@@ -186,8 +211,13 @@ def headline(rows: list[Row]) -> str:
         if llama:
             parts.append(f"{dec.ms_modeled / llama.ms_modeled:.2f}x llama.cpp's time ({dec.core_ms / llama.core_ms:.2f}x "
                          "its core-side time, DRAM ignored on both sides)")
+        whole = _find(list(llama_whole), LLAMA, phase, context)
+        if llama and whole:
+            parts.append(f"llama.cpp {llama.ms_modeled:.2f} ms node by node, {whole.ms_modeled:.2f} ms as one whole-call "
+                         f"region (the ratio {dec.ms_modeled / whole.ms_modeled:.2f}x)")
         lines.append(f"  {phase} {context}: ort-imegen-decoder {dec.ms_modeled:.2f} ms, " + ", ".join(parts))
-    shares = [f"{e} {r.non_matmul_share:.1%}" for e in pn.ENGINES if (r := _find(rows, e, "decode", 512))]
+    shares = [f"{e} {r.non_matmul_share:.1%}" for e in ORDER
+              if (r := _find(rows, e, "decode", 512)) and r.non_matmul_share is not None]
     if shares:
         lines.append("  non-MatMulNBits share of the modeled time at decode 512: " + ", ".join(shares))
     return "\n".join(["Headline (all MODELED):", *lines]) if lines else ""
@@ -266,28 +296,66 @@ def method_text(version: str = "1.23", llama_present: bool = False) -> str:
         "embedding its gathered rows, the rotary caches the positions used). Every tensor is taken from DRAM: at "
         "decode the small activations would sit in cache, so DRAM time is a little pessimistic there. "
         "'core ms (DRAM ignored)': the same counts' core-side time alone, node by node over its cores."
-        + (" llama.cpp rows: its whole-model counts (imegen/perf/baselines/llama_cpp/whole_model.py: llama.cpp with "
-           "the SpacemiT IME1 backend, Q4_0, 1 thread, per llama_decode call), modeled the same way as far as one "
-           "region per call allows: core time of the counts split evenly over 4 threads (ggml splits every op), "
-           "DRAM bytes = the Q4_0 weights (18 bytes per 32) once + the f16 KV cache read and written, activations "
-           "not charged (no per-op split: the ORT engines' per-node DRAM charges them, which favours llama.cpp "
-           "where activations outgrow the caches, as in a 512-token prefill: compare the core-only column there); "
-           "its shares are instruction shares (SpacemiT code vs the rest)."
+        + (" LLAMA.CPP rows, node by node the same way (imegen/perf/baselines/llama_cpp/whole_model.py and "
+           "whole_nodes.py): llama.cpp with the SpacemiT IME1 backend (Q4_0 weights, f16 KV cache, flash attention) "
+           "runs the whole model under QEMU with 1 thread; its graph-eval callback (llama_context_params.cb_eval, "
+           "called by ggml's scheduler before and after each node it is asked to observe) cuts every llama_decode "
+           "into one counted region per ggml node, with the node's tensors named on the driver's output. Observing "
+           "makes ggml compute each node as a graph of its own: the logits stay bit-identical (checked), but each "
+           "node then pays a graph launch (plan, a disposable thread pool, the scheduler's loop) that the unobserved "
+           "call pays once; that cost (about 7,000 instructions per node, measured as the per-node run's total "
+           "minus the same call counted as one region by the same executable) is shared evenly among the nodes and "
+           "taken off, so the nodes plus the call's own work add up to the whole-call count exactly (its spread "
+           "from node to node, a few hundred instructions, stays in the split). RMS_NORM is observed together with "
+           "the MUL after it, which ggml-cpu fuses with it. Layers as before: 1 and 2 layers counted, the 2-layer "
+           "graph's extra layer x 23, the rest c1 + 23 (c2 - c1), exact in sum. Per node, as for ORT's: time = "
+           "max(its core time over the cores it runs on, DRAM bytes / 5.24 GB/s); cores = min(4, ggml's split: "
+           "MUL_MAT and FLASH_ATTN_EXT 4, other ops their rows, so 1 at decode for norms, adds, SWIGLU, row "
+           "gathers and the KV writes, 4 for ROPE); DRAM = its input and output tensors as stored (weights Q4_0, 18 "
+           "bytes per 32; activations f32; KV f16), the embedding's GET_ROWS the gathered rows, SET_ROWS the new "
+           "K/V rows written, FLASH_ATTN_EXT the K/V cells its mask lets some query attend (what it reads) and the "
+           "mask. The call's own work (graph building or reuse, inputs, scheduling, logits: 'llama.cpp call') on "
+           "one core, no DRAM, as ORT's Run overhead. Its op table names ggml's ops. What still differs: an "
+           "imegen MatMulNBits is charged its kernel's own traffic (packed weights once per M block, A's "
+           "workspace), a llama.cpp MUL_MAT only its weights, input and output (not the 8-bit copy of the input "
+           "ggml quantizes into its work buffer); every tensor is taken from DRAM on both sides. The whole-call "
+           "figures (one region per llama_decode: max(all core time / 4, (Q4_0 weights + f16 KV) / bandwidth), "
+           "activations not charged) stay in llama_whole_model.json as whole_call_modeled_x60_ms and in the "
+           "headline beside the per-node ones."
            if llama_present else "")
     )
 
 
-def report_text(rows: list[Row], version: str = "1.23", accounts: list[pn.Account] = ()) -> str:
-    """The method, the table, the headline and (given the accounts) the split by node at the 512 contexts."""
+def llama_op_table(r: dict) -> str:
+    """llama.cpp's per-node account of one row by op (multiplicities included), as its JSON row has it."""
+    head = ["op", "nodes", "M instr", "DRAM MB", "threads", "ms MODELED", "core ms (DRAM ignored)"]
+    body = [[o["op"], str(o["nodes"]), f"{o['instructions'] / 1e6:.2f}", f"{o['dram_bytes'] / 1e6:.1f}",
+             "1" if o["op"] == LLAMA_CALL else "per node", f"{o['ms']:.3f}", f"{o['core_ms']:.3f}"]
+            for o in r["per_node"]["by_op"]]
+    p = r["per_node"]
+    body.append(["total", str(p["nodes"]), f"{p['instructions'] / 1e6:.2f}", f"{p['dram_bytes'] / 1e6:.1f}", "",
+                 f"{p['ms_modeled']:.3f}", f"{p['core_ms_modeled']:.3f}"])
+    return format_table(head, body, right={1, 2, 3, 5, 6})
+
+
+def report_text(rows: list[Row], version: str = "1.23", accounts: list[pn.Account] = (),
+                llama_json: list[dict] = ()) -> str:
+    """The method, the table, the headline and (given the accounts) the split by node at the 512 contexts; given
+    llama.cpp's JSON rows, its split by op there and its whole-call figures beside the per-node ones."""
     llama = any(r.engine == LLAMA for r in rows)
+    per_node = [r for r in llama_json if "per_node" in r]
     parts = [method_text(version, llama), "Whole model per node: instructions MEASURED, times MODELED:", table(rows)]
-    head = headline(rows)
+    head = headline(rows, [whole_call_row(r) for r in per_node])
     if head:
         parts.append(head)
     for phase in (p for p in pn.PHASES if p.context == max(pn.CONTEXTS)):
         if any(a.phase == phase for a in accounts):
             parts += [f"By node, {phase.label} (instructions MEASURED, ms MODELED, multiplicities included):",
                       category_table(list(accounts), phase)]
+        r = next((r for r in per_node if (r["phase"], int(r["context"])) == (phase.kind, phase.context)), None)
+        if r:
+            parts += [f"llama.cpp by op, {phase.label} (instructions MEASURED, ms MODELED, multiplicities included):",
+                      llama_op_table(r)]
     return "\n".join(parts)
 
 
@@ -303,10 +371,11 @@ def rows_of(accounts: list[pn.Account], results_dir: Path) -> list[Row]:
     return [row_of(a) for a in accounts] + llama_rows(Path(results_dir) / LLAMA_JSON)
 
 
-def write_outputs(rows: list[Row], out_dir: Path, version: str = "1.23", accounts: list[pn.Account] = ()) -> list[Path]:
+def write_outputs(rows: list[Row], out_dir: Path, version: str = "1.23", accounts: list[pn.Account] = (),
+                  llama_json: list[dict] = ()) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CSV_NAME).write_text(write_csv(_sorted(rows)))
-    (out_dir / TEXT_NAME).write_text(report_text(rows, version, accounts) + "\n")
+    (out_dir / TEXT_NAME).write_text(report_text(rows, version, accounts, llama_json) + "\n")
     return [out_dir / CSV_NAME, out_dir / TEXT_NAME]
 
 
@@ -327,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {str(e).splitlines()[0] if str(e) else e}", file=sys.stderr)
         return 1
     rows = rows_of(accounts, args.out)
-    for p in write_outputs(rows, args.out, accounts[0].version or "1.23", accounts):
+    for p in write_outputs(rows, args.out, accounts[0].version or "1.23", accounts,
+                           llama_json_rows(Path(args.out) / LLAMA_JSON)):
         print(p)
     return 0
 

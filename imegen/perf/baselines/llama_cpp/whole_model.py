@@ -1,7 +1,9 @@
 """llama.cpp itself, whole, as a measured baseline: the llama-cpp-python sdist's llama.cpp (libllama and
 ggml with the SpacemiT CPU backend, IME1) built by clang-19 for riscv64, statically linked with
 whole_driver.cpp and imegen's IME emulator, runs a random-weight model of Qwen2.5-0.5B's architecture
-(Q4_0) under QEMU; the counting plugin counts each llama_decode call as one region.
+(Q4_0) under QEMU; the counting plugin counts each llama_decode call as one region, and again node by node
+(the driver's --per-node: llama.cpp's graph-eval callback ends one region and begins the next at every ggml
+node; whole_nodes.py accounts those nodes as the ORT engines' are accounted).
 
 Build (cached): the sdist's whole llama.cpp tree (pristine copy cached once) is copied, and three things
 clang-19 cannot take as they are are adjusted in the copy only: ime1_kernels.cpp's vmadot mnemonics
@@ -46,7 +48,7 @@ from ...count.measure import BEAT_BYTES, VLEN
 from ...count.plugin import SOURCE as PLUGIN_SOURCE
 from ...count.plugin import run_counted
 from ...model import x60
-from . import whole_gguf
+from . import whole_gguf, whole_nodes
 from .source import SDIST_SHA256, VERSION, LlamaUnavailable, sdist, translate
 
 HERE = Path(__file__).parent
@@ -231,9 +233,11 @@ def parse_calls(stdout: str) -> list[Call]:
 
 
 def run(b: WholeExe, gguf: Path, prefill: int, decode: int, *, logits: Path | None = None,
-        arch: str = IME1_ARCH, threads: int = 1, timeout: float = 600) -> list[Call]:
-    """Run the driver uncounted (see toolchain.launch); with `logits`, every position's logits are written there."""
-    args = [str(gguf), str(threads), str(prefill), str(decode)] + ([str(logits)] if logits else [])
+        arch: str = IME1_ARCH, threads: int = 1, timeout: float = 600, per_node: bool = False) -> list[Call]:
+    """Run the driver uncounted (see toolchain.launch); with `logits`, every position's logits are written there;
+    `per_node`: with the driver's --per-node (each node computed as a graph of its own)."""
+    args = (["--per-node"] if per_node else []) + [str(gguf), str(threads), str(prefill), str(decode)]
+    args += [str(logits)] if logits else []
     cmd = toolchain.launch(str(b.exe.resolve()), vlen=VLEN, ime=True) + args
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
@@ -246,20 +250,36 @@ def run(b: WholeExe, gguf: Path, prefill: int, decode: int, *, logits: Path | No
 
 
 def run_regions(b: WholeExe, gguf: Path, prefill: int, decode: int, *, arch: str = IME1_ARCH,
-                threads: int = 1) -> tuple[list[dict[str, int]], list[Call]]:
-    """Counted run: one plugin region per llama_decode; checks the plugin saw every vmadot the emulator ran."""
-    args = [str(gguf), str(threads), str(prefill), str(decode)]
+                threads: int = 1, per_node: bool = False) -> tuple[list[dict[str, int]], list[Call], list[str]]:
+    """Counted run: one plugin region per llama_decode, or with `per_node` one per ggml node and per gap
+    between nodes (the driver's --per-node); checks the plugin saw every vmadot the emulator ran, call by
+    call. Returns the regions, the calls and each region's label: the driver's "gap", "node ..." or
+    "call ..." line (a call's last region is its tail, labelled by its "call" line)."""
+    args = (["--per-node"] if per_node else []) + [str(gguf), str(threads), str(prefill), str(decode)]
     r = run_counted(b.exe, args, list(b.ranges), begin=b.begin, end=b.end, vlen=VLEN, beat_bytes=BEAT_BYTES,
-                    timeout=3600, guest_env={"SPACEMIT_CORE_ARCH": arch})
+                    timeout=7200, guest_env={"SPACEMIT_CORE_ARCH": arch})
     calls = parse_calls(r.stdout)
+    labels = [line for line in r.stdout.splitlines() if line.split(" ", 1)[0] in ("gap", "node", "call")]
     regions = [dict(x.values) for x in r.regions]
-    if len(regions) != len(calls) or len(calls) != decode + 1:
-        raise ToolchainError(f"llama.cpp whole_driver: {len(regions)} counted regions, {len(calls)} calls", [])
-    for region, call in zip(regions, calls):
-        if region.get("kernel.vmadot", 0) + region.get("callee.vmadot", 0) != call.emulated:
-            raise ToolchainError(f"llama.cpp whole_driver: plugin counted {region.get('kernel.vmadot')} vmadot, "
-                                 f"emulator {call.emulated}", [])
-    return regions, calls
+    if len(regions) != len(labels) or len(calls) != decode + 1:
+        raise ToolchainError(f"llama.cpp whole_driver: {len(regions)} counted regions, {len(labels)} labels, "
+                             f"{len(calls)} calls", [])
+    for call, group in zip(calls, call_groups(regions, labels)):
+        vmadot = sum(region.get("kernel.vmadot", 0) + region.get("callee.vmadot", 0) for region in group)
+        if vmadot != call.emulated:
+            raise ToolchainError(f"llama.cpp whole_driver: plugin counted {vmadot} vmadot, emulator {call.emulated}", [])
+    return regions, calls, labels
+
+
+def call_groups(regions: list, labels: list[str]) -> list[list]:
+    """`regions` cut after each "call" label: one list per llama_decode call."""
+    groups, current = [], []
+    for region, label in zip(regions, labels):
+        current.append(region)
+        if label.startswith("call"):
+            groups.append(current)
+            current = []
+    return groups
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,23 +299,27 @@ def model_digest(cfg: whole_gguf.QwenConfig) -> str:
         cache.untrack(path)
 
 
-def layer_run(cfg: whole_gguf.QwenConfig, prefill: int, decode: int, log=None) -> list[dict[str, int]]:
-    """The regions of one counted run, prefill then `decode` single-token calls (cached by executable,
-    model file and run)."""
+def layer_run(cfg: whole_gguf.QwenConfig, prefill: int, decode: int, log=None,
+              per_node: bool = False) -> tuple[list[dict[str, int]], list[str]]:
+    """The regions of one counted run, prefill then `decode` single-token calls, and their labels
+    (run_regions; cached by executable, model file and run)."""
     b = build(log)
     key = cache.key(files=(b.exe,), strings=(model_digest(cfg), str(prefill), f"decode {decode}", "threads 1",
-                                             IME1_ARCH, str(VLEN), str(BEAT_BYTES)))
+                                             IME1_ARCH, str(VLEN), str(BEAT_BYTES), f"per-node {per_node}"))
 
     def fill(d: Path) -> None:
         if log:
-            log(f"llama.cpp whole model: counting {cfg.n_layer} layer(s), prefill {prefill} + {decode} decode step(s)")
+            log(f"llama.cpp whole model: counting {cfg.n_layer} layer(s), prefill {prefill} + {decode} decode "
+                f"step(s){', node by node' if per_node else ''}")
         gguf = d / "model.gguf"
         whole_gguf.write_gguf(cfg, gguf, tree(log) / "gguf-py")
-        regions, _ = run_regions(b, gguf, prefill, decode)
+        regions, _, labels = run_regions(b, gguf, prefill, decode, per_node=per_node)
         gguf.unlink()
         (d / "regions.json").write_text(json.dumps(regions, sort_keys=True))
+        (d / "labels.json").write_text(json.dumps(labels))
 
-    return json.loads((cache.entry("llama-whole-run", key, fill) / "regions.json").read_text())
+    d = cache.entry("llama-whole-run", key, fill)
+    return json.loads((d / "regions.json").read_text()), json.loads((d / "labels.json").read_text())
 
 
 def phase_region(cfg: whole_gguf.QwenConfig, phase: str, context: int, log=None) -> dict[str, int]:
@@ -304,7 +328,8 @@ def phase_region(cfg: whole_gguf.QwenConfig, phase: str, context: int, log=None)
     rebuilds llama.cpp's graph (the previous call's had `context` tokens). decode: the third, one token
     with context + 1 cached, the previous call's graph reused, as for every generated token but the first
     and those where the attended KV cells grow by llama.cpp's padding of 256 (at 512 cached it does)."""
-    return layer_run(cfg, context, 2, log)[("prefill", "decode_first", "decode").index(phase)]
+    regions, _ = layer_run(cfg, context, 2, log)
+    return regions[("prefill", "decode_first", "decode").index(phase)]
 
 
 def extrapolate(one: dict[str, int], two: dict[str, int], layers: int) -> dict[str, int]:
@@ -340,6 +365,35 @@ def whole_model_counts(phase: str, context: int, log=None, cfg: whole_gguf.QwenC
             "layer1": split(one), "layer2": split(two)}
 
 
+def node_call(cfg: whole_gguf.QwenConfig, phase: str, context: int, log=None) -> tuple[whole_nodes.CallRegions, dict]:
+    """One call (phase_region's) counted node by node, the observation's cost taken off (whole_nodes.
+    without_observation, against the same call counted as one region by the same executable), and that cost
+    per node."""
+    index = ("prefill", "decode_first", "decode").index(phase)
+    regions, labels = layer_run(cfg, context, 2, log, per_node=True)
+    whole, _ = layer_run(cfg, context, 2, log)
+    call = whole_nodes.call_regions(call_groups(regions, labels)[index], call_groups(labels, labels)[index])
+    return whole_nodes.without_observation(call, whole[index])
+
+
+def per_node_figures(phase: str, context: int, log=None, cfg: whole_gguf.QwenConfig = whole_gguf.QWEN25_05B) -> dict:
+    """llama.cpp's call at `cfg.n_layer` layers accounted node by node (whole_nodes): MODELED ms and core ms, DRAM
+    bytes, instructions, the table by op, and what observing the nodes cost (instructions per node, taken off)."""
+    (one, cost1), (two, cost2) = (node_call(cfg.with_layers(n), phase, context, log) for n in (1, 2))
+    nodes, call = whole_nodes.extrapolate(one, two, cfg.n_layer)
+    ops = whole_nodes.account(nodes, call)
+    return {"ms_modeled": round(sum(f.seconds for f in ops) * 1e3, 4),
+            "core_ms_modeled": round(sum(f.core_seconds for f in ops) * 1e3, 4),
+            "dram_bytes": round(sum(f.dram_bytes for f in ops)),
+            "instructions": round(sum(f.instructions for f in ops)),
+            "nodes": round(sum(f.nodes for f in ops[:-1])),
+            "by_op": [{"op": f.category, "nodes": round(f.nodes), "instructions": round(f.instructions),
+                       "dram_bytes": round(f.dram_bytes), "ms": round(f.seconds * 1e3, 4),
+                       "core_ms": round(f.core_seconds * 1e3, 4)} for f in ops],
+            "observation_per_node": {"layers 1": round(x60.total_instructions(cost1)),
+                                     "layers 2": round(x60.total_instructions(cost2))}}
+
+
 METHOD = (
     "llama.cpp (llama-cpp-python {version} sdist) built whole by clang-19 for riscv64 with the SpacemiT CPU "
     "backend (GGML_CPU_RISCV64_SPACEMIT, IME1, RVV, Zfh/Zvfh, generic repack off; static, Release), run "
@@ -361,9 +415,17 @@ METHOD = (
     "generic ops incl. attention, llama.cpp's graph building and scheduling, libc); the IME emulator's own "
     "instructions are excluded, each vmadot counts once. Code shared through inline and template functions "
     "(COMDAT) is counted where the linker kept it, the SpacemiT objects coming first. Instruction counts "
-    "are measured; times are MODELED (imegen/perf/model/x60.py): 'core' is x60.core_seconds of the "
-    "counts (one core, DRAM ignored), 'weights_dram' the Q4_0 matrices ('matrix_bytes') read once at "
-    "the model's effective DRAM bandwidth (KV cache and activations not counted), 'max' the larger."
+    "are measured; times are MODELED (imegen/perf/model/x60.py). 'whole_call_modeled_x60_ms' (the whole call as "
+    "one region): 'core' is x60.core_seconds of the counts (one core, DRAM ignored), 'weights_dram' the Q4_0 "
+    "matrices ('matrix_bytes') read once at the model's effective DRAM bandwidth (KV cache and activations not "
+    "counted), 'max' the larger. 'per_node': the same call counted again with a region per ggml node (the "
+    "driver's --per-node, through llama.cpp's graph-eval callback; logits bit-identical), the cost of observing "
+    "(a graph launch per node, 'observation_per_node' instructions, measured against the whole-call count of the "
+    "same executable) taken off evenly, so its instructions are the whole call's; each node modeled as "
+    "max(core / its cores, its DRAM bytes / bandwidth) and summed (whole_nodes.py: cores min(4, ggml's split of "
+    "the op), DRAM its tensors in and out as stored, the embedding's gathered rows, the K/V rows written and the "
+    "K/V cells attended), the call's own work ('llama.cpp call': graph, inputs, scheduling, logits) on one "
+    "core; 'by_op' groups the nodes by ggml op, multiplicities included."
 )
 
 
@@ -379,8 +441,9 @@ def results(log=None) -> dict:
             row = {k: c[k] for k in ("phase", "context", "tokens", "cached", "layers", "threads", "instructions",
                                      "split", "classes", "per_layer")}
             row["counts"] = {k: v for k, v in c["counts"].items() if v}
-            row["modeled_x60_ms"] = {"core": round(core_s * 1e3, 3), "weights_dram": round(weights_s * 1e3, 3),
-                                     "max": round(max(core_s, weights_s) * 1e3, 3)}
+            row["whole_call_modeled_x60_ms"] = {"core": round(core_s * 1e3, 3), "weights_dram": round(weights_s * 1e3, 3),
+                                                "max": round(max(core_s, weights_s) * 1e3, 3)}
+            row["per_node"] = per_node_figures(phase, context, log)
             if phase == "decode":
                 first = whole_model_counts("decode_first", context, log)
                 row["first_after_prefill"] = {k: first[k] for k in ("cached", "instructions", "split")}
