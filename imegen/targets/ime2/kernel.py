@@ -202,7 +202,7 @@ def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
         r = allocate(spec, reserve=8)
         body = loop_body(spec, r)
         entry = () if any(op.kind == "vset" for op in body) else (AsmOp("vset", ENTRY_VTYPE, "vmadot: LMUL 1"),)
-        in_regs = dict(facc_regs=((G_FACC,),), tile_start=gemm_tile_start(), acc_zero=entry,
+        in_regs = dict(facc_regs=((G_FACC,),), tile_start=gemm_tile_start(default_zero_point(spec)), acc_zero=entry,
                        fold=gemm_fold(spec, default_zero_point(spec)), block_end=gemm_block_end(spec, pack, b_walk),
                        tile_end=gemm_tile_end(), index16=gemm_lane_tables(),
                        clobbers=tuple(f"v{x}" for x in range(VECTOR_REGISTERS)))
@@ -370,30 +370,28 @@ def _spread(dest: int, idx: int, what: str) -> AsmOp:
 
 
 def gemm_fold(spec: KernelSpec, zp_default: int) -> tuple[AsmOp, ...]:
-    """After a block's k loop: int32 dots - zp x sum(a) (exact), to fp32, times a_scale x b_scale into the fp32
-    accumulators (two roundings, as the C fold), the int32 accumulators zeroed for the next block."""
+    """After a block's k loop: the int32 dots to fp32 (exact: |dot| <= block x 128 x 255 < 2^24), minus
+    zp x sum(a) (exact too: an integer below 2^24, the fused multiply-subtract rounds it to itself), times
+    a_scale x b_scale into the fp32 accumulators (two roundings, as the C fold); the int32 accumulators zeroed
+    for the next block, half on each vector unit. The zero-point fix runs on the FP unit, which the integer
+    unit's unpack and gathers would otherwise outweigh; small vectors convert and slide at LMUL 1."""
+    m1 = AsmOp("vset", "vsetvli t0, zero, e32, m1, ta, ma", "one register: 32 lanes")
     m4 = AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma", "a half: 128 lanes")
     rows8 = AsmOp("vset", "vsetivli t0, 8, e32, m1, ta, ma", "the tile's 8 rows")
-    ops = [rows8, AsmOp("vlse32", f"vlse32.v v{G_SRC}, (%[as]), %[ass]", "the rows' code sums of the block"), m4,
-           _spread(G_ROW, G_IDX_ROW, "sum(a) by row")]
+    ops = [AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"), AsmOp("vfcvt", "vfcvt.f.x.v v0, v0", "the dots, exact"),
+           rows8, AsmOp("vlse32", f"vlse32.v v{G_SRC}, (%[as]), %[ass]", "the rows' code sums of the block"),
+           AsmOp("vfcvt", f"vfcvt.f.x.v v{G_SRC}, v{G_SRC}", "exact"), m4, _spread(G_ROW, G_IDX_ROW, "sum(a) by row")]
     if spec.zero_point == "asymmetric":
-        # each half's zero points spread as bytes (an e8 gather is one register, not four), then widened
-        ops += [AsmOp("vle8", f"vl1re8.v v{G_COL}, (%[zp])", "zero points of columns 0.."),
-                AsmOp("addi", "addi t1, %[zp], 16"),
-                AsmOp("vle8", f"vl1re8.v v{G_COL + 1}, (t1)", "... of columns 16.."),
-                AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma", "128 byte lanes"),
-                AsmOp("vgather", f"vrgatherei16.vv v{G_SRC}, v{G_COL}, v{G_IDX_COL}", "zp by column, first half"),
-                AsmOp("vgather", f"vrgatherei16.vv v{G_SRC + 1}, v{G_COL + 1}, v{G_IDX_COL}", "... second half"),
-                m4]
+        ops += [AsmOp("vle8", f"vl1re8.v v{G_COL}, (%[zp])", "B's zero points"), m1,
+                AsmOp("vzext", f"vzext.vf4 v{G_SRC}, v{G_COL}"), AsmOp("vfcvt", f"vfcvt.f.xu.v v{G_SRC}, v{G_SRC}")]
         for half in range(2):
-            ops += [AsmOp("vzext", f"vzext.vf4 v{G_COL}, v{G_SRC + half}"),
-                    AsmOp("vnmsac", f"vnmsac.vv v{4 * half}, v{G_COL}, v{G_ROW}", "- zp * sum(a)")]
+            if half:
+                ops += [m1, AsmOp("vslide", f"vslidedown.vi v{G_SRC}, v{G_SRC}, 16", "columns 16.. to lane 0")]
+            ops += [m4, _spread(G_COL, G_IDX_COL, "zp by column"),
+                    AsmOp("vfnmsac", f"vfnmsac.vv v{4 * half}, v{G_COL}, v{G_ROW}", "- zp * sum(a)")]
     else:
-        ops += [AsmOp("li", f"li t2, {zp_default}")]
-        ops += [AsmOp("vnmsac", f"vnmsac.vx v{4 * half}, t2, v{G_ROW}", "- zp * sum(a)") for half in range(2)]
-    ops += [AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
-            AsmOp("vfcvt", "vfcvt.f.x.v v0, v0", "exact: below 2^24"),
-            rows8, AsmOp("vle32", f"vle32.v v{G_SRC}, (%[sa])", "the rows' A scales of the block"), m4,
+        ops += [AsmOp("vfnmsac", f"vfnmsac.vf v{4 * half}, ft2, v{G_ROW}", f"- {zp_default} * sum(a)") for half in range(2)]
+    ops += [rows8, AsmOp("vle32", f"vle32.v v{G_SRC}, (%[sa])", "the rows' A scales of the block"), m4,
             _spread(G_ROW, G_IDX_ROW, "a_scale by row")]
     for half in range(2):
         ops += _offset_load("vl1re32.v", G_SRC, "%[sb]", 64 * half, f"B scales of columns {16 * half}..")
@@ -421,8 +419,9 @@ def gemm_block_end(spec: KernelSpec, pack, b_walk: int) -> tuple[AsmOp, ...]:
     return (*ops, AsmOp("bne", "bne %[sa], %[sa_end], 2b", "the next block"))
 
 
-def gemm_tile_start() -> tuple[AsmOp, ...]:
+def gemm_tile_start(zp_default: int) -> tuple[AsmOp, ...]:
     return (AsmOp("fmv", "fmv.w.x ft1, zero", "+0.0f"),
+            AsmOp("li", f"li t2, {zp_default}"), AsmOp("fcvt", "fcvt.s.w ft2, t2", "the zero point without stored ones"),
             AsmOp("vle8", f"vl2re16.v v{G_IDX_ROW}, (%[idx])", "lane -> row"),
             AsmOp("addi", f"addi t1, %[idx], {2 * HALF_LANES}"),
             AsmOp("vle8", f"vl2re16.v v{G_IDX_COL}, (t1)", "lane -> column"),
