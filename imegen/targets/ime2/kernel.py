@@ -153,6 +153,16 @@ def _store(first: int, g: int) -> list[AsmOp]:
     return [AsmOp("addi", f"addi t1, %[dots], {first * A_TILE_BYTES}"), AsmOp("vse8", f"vs{g}r.v v{first}, (t1)", what)]
 
 
+def _b_advance_to_block_end(body: tuple[AsmOp, ...], iterations: int, b_walk: int,
+                            b_stride: int) -> tuple[tuple[AsmOp, ...], int]:
+    """A one-iteration block's last B advance (nothing reads %[b] after it) left to the block's end, which
+    moves the pointer to the next chunk anyway: (body, bytes the body walks B)."""
+    last = max(i for i, op in enumerate(body) if "%[b]" in op.text)
+    if iterations != 1 or body[last].text != "add %[b], %[b], %[bstride]":
+        return body, b_walk
+    return body[:last] + body[last + 1:], b_walk - b_stride
+
+
 def gemv_compact_rows(spec: KernelSpec, r: Registers) -> tuple[AsmOp, ...]:
     """gemv: row 0 of each vmadot tile (its 8 useful dots; rows 1-7 pair A's later k-steps with this B) slid
     next to each other, four tiles to an e32 register (column j at lane j % 32 of the register of j / 32),
@@ -200,14 +210,14 @@ def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
     g = gemv_fold_registers(spec)
     if gemm_fold_in_registers(spec):
         r = allocate(spec, reserve=8)
-        body = loop_body(spec, r)
+        body, b_walk = _b_advance_to_block_end(loop_body(spec, r), iterations, b_walk, b_stride)
         entry = () if any(op.kind == "vset" for op in body) else (AsmOp("vset", ENTRY_VTYPE, "vmadot: LMUL 1"),)
         in_regs = dict(facc_regs=((G_FACC,),), tile_start=gemm_tile_start(default_zero_point(spec)), acc_zero=entry,
                        fold=gemm_fold(spec, default_zero_point(spec)), block_end=gemm_block_end(spec, pack, b_walk),
                        tile_end=gemm_tile_end(), index16=gemm_lane_tables(),
                        clobbers=tuple(f"v{x}" for x in range(VECTOR_REGISTERS)))
     elif g is not None:  # one asm statement per tile: the block loop and the fold in registers
-        body = loop_body(spec, r)
+        body, b_walk = _b_advance_to_block_end(loop_body(spec, r), iterations, b_walk, b_stride)
         # the fold leaves e32, LMUL 1 (vmadot's too); an unpack at the entry vtype needs e8
         entry = () if spec.bits == 8 or any(op.kind == "vset" for op in body) else (AsmOp("vset", ENTRY_VTYPE, "the unpack: e8"),)
         in_regs = dict(facc_regs=((g.facc,),), tile_start=gemv_tile_start(spec, g), acc_zero=entry,
@@ -215,13 +225,14 @@ def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
                        tile_end=gemv_tile_end(g),
                        index16=compact_mask(spec), clobbers=tuple(f"v{x}" for x in range(g.dots + 4)))
     else:
+        body = loop_body(spec, r)
         in_regs = dict(fold=gemv_compact_rows(spec, r) if spec.tile_m == 1 else store_accumulators(2 * ma * na),
                        clobbers=tuple(f"v{x}" for x in range(r.used)))
     in_regs.setdefault("acc_zero", acc_zero)
     return ImePlan(
-        ma=ma, na=na, acc_regs=r.acc, prologue=(), body=loop_body(spec, r), **in_regs,
+        ma=ma, na=na, acc_regs=r.acc, prologue=(), body=body, **in_regs,
         iterations_per_block=iterations, a_bytes_per_iteration=a_step(spec), b_stride=b_stride,
-        b_walk=b_walk,
+        b_walk=iterations * b_groups(spec) * b_stride,
         vmadots_per_tile_block=(spec.block // K_STEP) * ma * na,
         facc_floats=spec.tile_n if spec.tile_m == 1 else ma * na * 64, facc_at=facc_at(spec),
         unrolled=iterations <= MAX_UNROLLED_ITERATIONS, entry_vset=False,
