@@ -73,7 +73,8 @@ def write_outputs(res: BenchResult, out_dir: Path, text: str) -> list[Path]:
     if res.ime2 is not None:
         written += ime2.write_outputs(res.ime2, out_dir)
     if res.whole is not None:
-        written += whole_model.write_outputs(res.whole.rows(), out_dir, res.whole.version, list(res.whole.accounts))
+        written += whole_model.write_outputs(res.whole.rows(), out_dir, res.whole.version, list(res.whole.accounts),
+                                             list(res.whole.llama))
     png = plot(res, out_dir / "bench.png")
     if png:
         written.append(png)

@@ -32,7 +32,8 @@ def report(res: BenchResult, refused_note: bool = True) -> str:
         + (" (--quick subset)" if res.quick else ""),
     ]
     if res.whole is not None:  # the whole model first: what a user's model gains
-        parts += [whole_model.report_text(res.whole.rows(), res.whole.version, list(res.whole.accounts))]
+        parts += [whole_model.report_text(res.whole.rows(), res.whole.version, list(res.whole.accounts),
+                                          list(res.whole.llama))]
         parts += [res.whole.llama_note] if res.whole.llama_note else []
         parts += [""]
     parts += [
