@@ -338,7 +338,7 @@ class Board:
 BOARDS = {"k1": Board("k1", "SpacemiT K1", "ime", True, 256),
           "k3": Board("k3", "SpacemiT K3", "ime2", False, 1024)}
 
-# The K3's IME2 configs (untuned: there is no A100 cost model to tune them under yet): the 4-bit gemv and gemm of
+# The K3's IME2 configs (not tuned per shape: `imegen tune` searches under the X60 model only): the 4-bit gemv and gemm of
 # examples/ime2_k3.imegen (tests/test_k3.py holds them equal), which pack B alike (32-column panels, ORT's nibble
 # order) so one copy of B serves both. 16 k per vmadot and two steps per 4-bit byte row: k_unroll 2 where the
 # block allows it.
@@ -486,7 +486,8 @@ SPEC_HEADER = """\
 IME_ORIGIN = {
     True: "IME configs: imegen's tuning table (imegen/ort/tuning.json, the winners of bench/results/tune.json: the best\n"
           "# config per Qwen2.5-0.5B weight shape x M x block under the X60 cost model; modeled, not measured on hardware);",
-    False: "IME2 configs: the gemv and gemm of examples/ime2_k3.imegen, untuned (no A100 cost model to tune under yet);"}
+    False: "IME2 configs: the gemv and gemm of examples/ime2_k3.imegen, not tuned per shape (imegen tune searches under\n"
+           "# the X60 model only);"}
 
 
 def derive(nodes: list[InspectedNode], *, compute: str | None = None, model_name: str = "the model",
