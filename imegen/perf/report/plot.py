@@ -166,4 +166,6 @@ def whole_panels(rows: list, decode_ax, prefill_ax) -> None:
                        label=f"published llama.cpp Q4_0 pp512 on a K1 ({PUBLISHED_PP512_TPS} tok/s)")
             ax.set_ylabel("tokens per second")
             ax.set_title("Whole model, prefill: modeled tokens/s")
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high * 30)  # an empty band of 1.5 decades on top for the legend, clear of the bars
         ax.legend(fontsize=7, loc="upper left")
