@@ -71,9 +71,9 @@ def test_llama_extrapolation_matches_a_direct_run(M, N, K):
     r = ime2_counts.run(counter.b, ime2_counts.kernel_for(K), M, N // 2, K)
     quant, gemm = {}, {}
     for c in r.quant:
-        quant = ime2_counts._add(quant, c)
+        quant = ime2_counts.add_counts(quant, c)
     for c in r.gemm:
-        gemm = ime2_counts._add(gemm, c)
+        gemm = ime2_counts.add_counts(gemm, c)
     want_half = {k: _classes(quant)[k] / 2 + _classes(gemm)[k] for k in half}
     assert half == pytest.approx(want_half, abs=0.5)
 

@@ -40,7 +40,7 @@ misses and branch mispredictions are not modeled. Kernel time = max(core time, D
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from . import x60
 
@@ -105,7 +105,9 @@ def sensitivity_params(p: A100Params = A100) -> dict[str, A100Params]:
 
 
 @dataclass(frozen=True)
-class CoreCycles:
+class CoreCycles(x60.ResourceCycles):
+    """The A100's resources."""
+
     issue: float
     scalar_mem: float
     vector_issue: float
@@ -114,15 +116,6 @@ class CoreCycles:
     vieu: float
     vfp: float
     ime: float
-
-    @property
-    def cycles(self) -> float:
-        return max(asdict(self).values())
-
-    @property
-    def bound(self) -> str:
-        d = asdict(self)
-        return max(d, key=d.get)
 
 
 def layout_counts(counts: dict[str, float]) -> dict[str, float]:

@@ -137,8 +137,22 @@ def mem_stat(counts: dict[str, float], cls: str, stat: str, tags=TAGS) -> float:
 
 
 @dataclass(frozen=True)
-class CoreCycles:
-    """Cycles each resource is busy; `cycles` is the binding one."""
+class ResourceCycles:
+    """Cycles each resource of a core model is busy (a subclass's fields); `cycles` is the binding one."""
+
+    @property
+    def cycles(self) -> float:
+        return max(asdict(self).values())
+
+    @property
+    def bound(self) -> str:
+        d = asdict(self)
+        return max(d, key=d.get)
+
+
+@dataclass(frozen=True)
+class CoreCycles(ResourceCycles):
+    """The X60's resources."""
 
     issue: float
     scalar_mem: float
@@ -149,15 +163,6 @@ class CoreCycles:
     vieu: float
     vfp: float
     ime: float
-
-    @property
-    def cycles(self) -> float:
-        return max(asdict(self).values())
-
-    @property
-    def bound(self) -> str:
-        d = asdict(self)
-        return max(d, key=d.get)
 
 
 def core_cycles(counts: dict[str, float], p: X60Params = X60, measured: bool = False) -> CoreCycles:

@@ -36,7 +36,8 @@ def thread_tasks(nth: int, ith: int, M: int, N: int) -> list[tuple[int, int]]:
     return out
 
 
-def _add(a: dict, b: dict, s: float = 1.0) -> dict:
+def add_counts(a: dict, b: dict, s: float = 1.0) -> dict:
+    """a + s * b, counter by counter."""
     return {k: a.get(k, 0) + s * b.get(k, 0) for k in set(a) | set(b)}
 
 
@@ -68,14 +69,14 @@ class Counter:
 
         if mc == 1:
             c1, c2 = at(1, 16), at(1, 32)
-            return _add(c1, _add(c2, c1, -1), nc // 16 - 1)
+            return add_counts(c1, add_counts(c2, c1, -1), nc // 16 - 1)
         g, nb = mc // 4, nc // 16
         if mc % 4:
             raise ValueError("llama.cpp counts: M > 1 must be a multiple of 4 here")
         f00, f10, f01, f11 = at(4, 16), at(8, 16), at(4, 32), at(8, 32)
-        dm, dn = _add(f10, f00, -1), _add(f01, f00, -1)
-        dmn = _add(_add(f11, f10, -1), dn, -1)
-        return _add(_add(_add(f00, dm, g - 1), dn, nb - 1), dmn, (g - 1) * (nb - 1))
+        dm, dn = add_counts(f10, f00, -1), add_counts(f01, f00, -1)
+        dmn = add_counts(add_counts(f11, f10, -1), dn, -1)
+        return add_counts(add_counts(add_counts(f00, dm, g - 1), dn, nb - 1), dmn, (g - 1) * (nb - 1))
 
     def per_thread(self, M: int, N: int, K: int, nth: int) -> tuple[list[dict], list[dict]]:
         quant = self._regions(["quant", str(M), str(N), str(K), str(nth)])
@@ -83,7 +84,7 @@ class Counter:
         for ith in range(nth):
             c: dict = {}
             for mc, nc in thread_tasks(nth, ith, M, N):
-                c = _add(c, self.task(K, mc, nc))
+                c = add_counts(c, self.task(K, mc, nc))
             gemm.append(c)
         return quant, gemm
 
@@ -94,4 +95,4 @@ class Counter:
     def per_core(self, M: int, N: int, K: int, nth: int) -> dict:
         """The busiest thread's counts: max over threads of phase 1 + max of phase 2 (by total instructions)."""
         quant, gemm = self.per_thread(M, N, K, nth)
-        return _add(max(quant, key=x60.total_instructions), max(gemm, key=x60.total_instructions))
+        return add_counts(max(quant, key=x60.total_instructions), max(gemm, key=x60.total_instructions))

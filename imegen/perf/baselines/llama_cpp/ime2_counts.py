@@ -37,6 +37,7 @@ from ...count.image import code_ranges_from_map, exec_segments, symbols
 from ...count.plugin import SOURCE as PLUGIN_SOURCE
 from ...count.plugin import run_counted
 from . import ime2
+from .counts import add_counts
 from .source import SDIST_SHA256, SPACEMIT, sources
 
 HERE = Path(__file__).parent
@@ -142,10 +143,6 @@ def run(b: CountExe, kernel: str, M: int, N: int, K: int, out_dir: Path | None =
     return Run(regions[:groups], regions[groups:], checksum)
 
 
-def _add(a: dict, b: dict, s: float = 1.0) -> dict:
-    return {k: a.get(k, 0) + s * b.get(k, 0) for k in set(a) | set(b)}
-
-
 class Counter:
     """Per-call counts at full shapes from the two sample runs (module docstring); cached on disk."""
 
@@ -178,8 +175,8 @@ class Counter:
         total: dict[str, float] = {}
         for size, mult in ((4, q), (1, r)):
             if mult:
-                gemm = _add(s32[f"gemm{size}"], _add(s64[f"gemm{size}"], s32[f"gemm{size}"], -1), n // 32 - 1)
-                total = _add(total, _add(s32[f"quant{size}"], gemm, cores), mult / cores)
+                gemm = add_counts(s32[f"gemm{size}"], add_counts(s64[f"gemm{size}"], s32[f"gemm{size}"], -1), n // 32 - 1)
+                total = add_counts(total, add_counts(s32[f"quant{size}"], gemm, cores), mult / cores)
         return total
 
 
@@ -188,7 +185,7 @@ def direct(b: CountExe, M: int, N: int, K: int) -> dict[str, float]:
     r = run(b, kernel_for(K), M, N, K)
     total: dict[str, float] = {}
     for c in r.quant + r.gemm:
-        total = _add(total, c)
+        total = add_counts(total, c)
     return total
 
 
