@@ -136,9 +136,15 @@ static int confined(const cpu_set_t *mask) {
 /* Ask the kernel to make the calling thread one of the IME harts' for good (a K3's /proc/set_ai_thread: "0" is
  * the calling thread, as llama.cpp's SpacemiT backend writes it). 1 when the thread is confined to IME harts
  * afterwards: its own affinity, not the write's success, is the proof. */
+static int route_file_missing; /* once open() said ENOENT: every later slice would only repeat that syscall */
+
 static int routed_for_good(void) {
+    if (__atomic_load_n(&route_file_missing, __ATOMIC_RELAXED)) return 0;
     const int fd = open(IMEGEN_IME_ROUTE_FILE, O_WRONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
+    if (fd < 0) {
+        if (errno == ENOENT) __atomic_store_n(&route_file_missing, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
     const ssize_t wrote = write(fd, "0", 1);
     close(fd);
     cpu_set_t now;
