@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import imegen
-from imegen import toolchain
+from imegen import targets, toolchain
 from imegen.cli import main
 from imegen.ir import load_specs
 from imegen.ort import accelerate as acc
@@ -181,10 +181,12 @@ def test_k3_derives_ime2_kernels_sharing_one_packed_b():
 def test_k3_configs_are_the_example_spec_imegen_check_passes():
     """ort-accelerate --target k3's kernels are examples/ime2_k3.imegen's 4-bit ones (test_ime2_kernels checks it)."""
     example = {s.op: s for s in load_specs(ROOT / "examples" / "ime2_k3.imegen") if s.bits == 4}
-    for op, settings in acc.K3_CONFIGS.items():
-        spec = example[op]
-        assert {"tile": f"{spec.tile_m}x{spec.tile_n}", "unpack": spec.unpack, "panel": spec.panel} == settings
-        assert spec.k_unroll == 2
+    target = targets.get(acc.BOARDS["k3"].ime_target)
+    for op in ("gemv", "gemm"):
+        spec, settings = example[op], target.serving_settings(op, example[op].block)
+        assert {"tile": f"{spec.tile_m}x{spec.tile_n}", "unpack": spec.unpack, "panel": spec.panel} == \
+            {k: v for k, v in settings.items() if k != "k_unroll"}
+        assert spec.k_unroll == 2 == settings["k_unroll"]
 
 
 def test_k3_keeps_what_ime2_cannot_serve_with_the_reason():

@@ -331,29 +331,24 @@ class Board:
     name: str  # --target
     title: str  # the SoC, for the spec's header and messages
     ime_target: str  # the DSL target of its IME kernels
-    tuned: bool  # its IME configs come from the tuning table (else from K3_CONFIGS)
+    tuned: bool  # its IME configs come from the tuning table (else from its target's serving_settings)
     ime_vlen: int  # the VLEN of its IME harts (what model checks emulate)
 
 
 BOARDS = {"k1": Board("k1", "SpacemiT K1", "ime", True, 256),
           "k3": Board("k3", "SpacemiT K3", "ime2", False, 1024)}
 
-# The K3's IME2 configs (not tuned per shape: `imegen tune` searches under the X60 model only): the 4-bit gemv and gemm of
-# examples/ime2_k3.imegen (tests/test_k3.py holds them equal), which pack B alike (32-column panels, ORT's nibble
-# order) so one copy of B serves both. 16 k per vmadot and two steps per 4-bit byte row: k_unroll 2 where the
-# block allows it.
-K3_CONFIGS = {"gemv": {"tile": "1x32", "unpack": "interleaved", "panel": 32},
-              "gemm": {"tile": "8x32", "unpack": "interleaved", "panel": 32}}
+def target_config(board: Board, group: Group, op: str) -> Config | SpecError:
+    """The board's IME target's own kernel for op (Target.serving_settings) with the group's quantization; the
+    validator's refusal when it has none."""
+    from .. import targets
 
-
-def k3_config(group: Group, op: str) -> Config | SpecError:
-    """The K3's IME2 kernel for op with the group's quantization; the validator's refusal when it has none."""
-    settings = {"op": op, "target": "ime2", "compute": "int8", **K3_CONFIGS[op], **group.quantization(),
-                "k_unroll": 2 if group.block % 32 == 0 else 1}
+    own = targets.get(board.ime_target).serving_settings(op, group.block)
+    settings = {"op": op, "target": board.ime_target, "compute": "int8", **own, **group.quantization()}
     got = _validate(settings)
     if isinstance(got, SpecError):
         return got
-    return Config(tuple(sorted(settings.items())), f"the K3's IME2 {op} (examples/ime2_k3.imegen's, untuned)")
+    return Config(tuple(sorted(settings.items())), f"the {board.title}'s {board.ime_target} {op}, not tuned per shape")
 
 
 def board_refusal(board: Board, need: NodeNeeds, compute: str | None) -> str:
@@ -362,7 +357,7 @@ def board_refusal(board: Board, need: NodeNeeds, compute: str | None) -> str:
     if board.tuned or group.compute == "fp32":
         return ""
     for op in ("gemv", "gemm"):
-        got = k3_config(group, op)
+        got = target_config(board, group, op)
         if isinstance(got, SpecError):
             return (f"no {board.title} IME2 kernel for {group.bits}-bit block {group.block}: "
                     f"{got.message.split(': ', 1)[-1]}")
@@ -374,7 +369,8 @@ def roles_for(group: Group, table: list[TunedCase], N: int, K: int, board: Board
     if group.compute == "fp32":
         return {"m1": fp32_config(group, "m1"), "m2": fp32_config(group, "m2")}
     if not board.tuned:  # board_refusal() left out the groups its configs refuse
-        return {"m1": k3_config(group, "gemv"), "m2": k3_config(group, "gemm"), "fallback": fallback_config(group)}
+        return {"m1": target_config(board, group, "gemv"), "m2": target_config(board, group, "gemm"),
+                "fallback": fallback_config(group)}
     roles = {"m1": tuned_config(table, group, N, K, "m1")}
     roles.update({r: tuned_config(table, group, N, K, r, pack_like=roles["m1"]) for r in ("m2", "m256")})
     if roles["m256"].settings == roles["m2"].settings:

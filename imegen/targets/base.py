@@ -127,6 +127,13 @@ class Target:
         """Vector registers the kernel's inner loop keeps live, by class (empty: none)."""
         return {}
 
+    # --- the kernels ort-accelerate derives where the board has no tuning table ---
+
+    def serving_settings(self, op: str, block: int) -> dict[str, object] | None:
+        """DSL settings (tile, unpack, panel, k_unroll) of the target's own kernel for op (gemv or gemm) at `block`
+        (None: it has none; ort-accelerate then needs a tuning table for the board)."""
+        return None
+
     # --- attention kernels (ir.build_attention, render.render_attention) ---
 
     def validate_attention(self, spec, refuse: Refuse):

@@ -26,6 +26,9 @@ class Ime2Target(Target):
     def register_budget(self, spec: KernelSpec) -> dict[str, int]:
         return rules.register_budget(spec)
 
+    def serving_settings(self, op: str, block: int) -> dict[str, object]:
+        return {**rules.SERVING[op], "k_unroll": rules.serving_k_unroll(block)}
+
     def accepts_vlen(self, spec: KernelSpec, vlen: int) -> bool:
         return vlen == rules.IME2_VLEN
 

@@ -12,6 +12,16 @@ TILE_COLUMNS = 8  # columns of B (and of C)
 K_STEP = 16  # int8 k values per vmadot: 16 bytes of each A row and B column
 A_TILE_BYTES = TILE_ROWS * K_STEP  # one vector register at VLEN 1024: 128 bytes
 SLIDES = 4  # vmadot, vmadot1, vmadot2, vmadot3: k-steps one A register feeds a gemv row
+# The gemv and gemm ort-accelerate --target k3 derives (not tuned per shape: `imegen tune` searches under the X60
+# model only): the 4-bit ones of examples/ime2_k3.imegen (tests/test_k3.py holds them equal), which pack B alike
+# (32-column panels, ORT's nibble order), so one copy of B serves both; k_unroll by serving_k_unroll.
+SERVING = {"gemv": {"tile": "1x32", "unpack": "interleaved", "panel": 32},
+           "gemm": {"tile": "8x32", "unpack": "interleaved", "panel": 32}}
+
+
+def serving_k_unroll(block: int) -> int:
+    """Two 16-k steps per iteration (a 4-bit byte row holds two) where the block allows it, else one."""
+    return 2 if block % (2 * K_STEP) == 0 else 1
 
 
 def tiles(spec: KernelSpec) -> tuple[int, int]:
