@@ -61,7 +61,27 @@ def test_multiplicities_at_24_layers(tiny, tiny_engines, engine):
             "SiLU gate": 24}
     if engine != pn.STOCK:
         want["Add"] = 24  # the qkv bias: ORT fuses it into a com.microsoft MatMulNBits only
+    if engine == pn.DECODER:
+        del want["SiLU gate"]  # in the up projection's MatMulNBits (its gate input)
     assert got == want
+
+
+def test_the_decoder_engine_runs_the_silu_gate_inside_the_up_projection(tiny, tiny_engines):
+    """Its unit is the up MatMulNBits with Sigmoid, Mul, Mul (stock runs the four; imegen one node), and its DRAM
+    bytes are the kernel's own traffic plus the gate's M x N floats read once."""
+    phase = pn.Phase("prefill", 16)
+    units = [u for u in pn.partition(tiny, tiny_engines[pn.DECODER]) if len(u.nodes) == 4]
+    assert len(units) == 2 and all(u.category == "MatMulNBits" for u in units)
+    gated = [d for d in pn.distinct_nodes(tiny, tiny_engines, pn.DECODER, phase) if len(d.unit.nodes) == 4]
+    assert len(gated) == 1 and gated[0].multiplicity == 24 and gated[0].moved
+    (node,) = gated[0].mine.model.graph.node
+    assert [n.op_type for n in gated[0].stock.model.graph.node] == ["MatMulNBits", "Sigmoid", "Mul", "Mul"]
+    assert node.domain == pn.IMEGEN and node.input[pn.GATE_INPUT]
+    plain = onnx.helper.make_node("MatMulNBits", list(node.input[:pn.GATE_INPUT]), list(node.output),
+                                  domain=pn.IMEGEN, **{a.name: onnx.helper.get_attribute_value(a) for a in node.attribute})
+    n = onnx.helper.get_attribute_value(next(a for a in node.attribute if a.name == "N"))
+    specs = pn.imegen_specs(tiny)
+    assert pn.imegen_matmul_bytes(node, 16, specs) == pn.imegen_matmul_bytes(plain, 16, specs) + 16 * n * 4
 
 
 @pytest.mark.parametrize("engine", pn.ENGINES)
@@ -115,7 +135,7 @@ def tiny_setup():
         yield s
 
 
-DECODER_OPS = {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "SiluMul", "GroupQueryAttention"}
+DECODER_OPS = {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "GroupQueryAttention"}
 
 
 @needs_qemu
@@ -147,6 +167,17 @@ def test_decoder_nodes_agree_with_stock_and_exceed_the_overhead(tiny_setup, phas
         flat = bad[name].reshape(-1)
         flat[0] += 1e-4 * (1 + float(np.abs(stock.outputs[name]).max()))
         assert pn.agreement(stock.outputs, bad, matmul=False) > 1.0
+
+
+@needs_qemu
+def test_the_gated_up_projection_agrees_with_stock_and_is_counted(tiny_setup):
+    """The fused unit (imegen's up MatMulNBits with its gate) against stock's MatMulNBits, Sigmoid, Mul, Mul on the
+    same feeds, within ORT's level-4 tolerance (count_distinct raises otherwise), at prefill: the gemm's epilogue."""
+    s = tiny_setup
+    (d,) = [d for d in pn.distinct_nodes(s.model, s.engines, pn.DECODER, pn.Phase("prefill", 16)) if len(d.unit.nodes) == 4]
+    mine, stock = pn.count_distinct(d, s.library_for(pn.DECODER, d))
+    assert stock is not None and 0 < mine.check["worst"] <= 1.0
+    assert x60.total_instructions(mine.counts) < x60.total_instructions(stock.counts)
 
 
 def test_agreement_uses_level4_tolerance_for_matmul():

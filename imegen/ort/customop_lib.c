@@ -65,7 +65,9 @@
 #define MAX_GEMM 14
 #define NODE_KERNELS (MAX_GEMM + 2)
 
-enum { IN_A, IN_B, IN_SCALES, IN_ZP, IN_GIDX, IN_BIAS, N_INPUTS };
+/* IN_GATE, imegen's own: Y = silu(gate) * (A B + bias), a gated MLP's up projection with its SiLU (decoder_ops.py
+ * fuses Sigmoid, Mul, Mul into it), applied to each block of C as the kernel finishes it (matmul_prepared_then). */
+enum { IN_A, IN_B, IN_SCALES, IN_ZP, IN_GIDX, IN_BIAS, IN_GATE, N_INPUTS };
 /* matmul status codes of the library's own (negative: never a kernel's) */
 enum { ST_NO_MEMORY = -1, ST_NO_IME_HART = -2, ST_NO_FALLBACK_PACK = -3 };
 
@@ -78,6 +80,7 @@ static cpu_set_t ime_harts;
 static int ime_hart_count;
 static char ime_harts_from[160]; /* where the set came from, for imegen_ort_stats() and messages */
 static unsigned long slices_on_ime, slices_pinned, slices_fallback;
+static unsigned long gated_calls; /* Runs of nodes with a SiLU gate (IN_GATE) */
 static unsigned long long packed_bytes; /* B packed by live nodes: the memory the library adds to ORT's */
 
 static void set_source(const char *fmt, ...) {
@@ -193,7 +196,7 @@ struct packed {
 struct node {
     char name[256];
     size_t N, K;
-    int has_bias;
+    int has_bias, gated;
     const kernel_t *gemv;             /* M = 1 (NULL: the gemm rule) */
     const kernel_t *gemm[NODE_KERNELS]; /* M > 1: ascending min_rows, the last with min_rows <= M */
     size_t n_gemm;
@@ -219,6 +222,7 @@ struct slices_job {
     const float *A;        /* the fallback quantizes its own */
     const void *workspace; /* A, quantized once per Run by k; k's slices only read it */
     const float *bias;
+    const float *gate; /* [M][N] (NULL: not gated) */
     float *C;
     size_t M;
     int status;
@@ -439,6 +443,7 @@ static OrtStatus *create(const OrtKernelInfo *info, struct node *n) {
         return fail(ORT_INVALID_GRAPH, "imegen: node '%s': attributes K, N and block_size must be positive", n->name);
     n->K = (size_t)K, n->N = (size_t)N;
     n->has_bias = input_wired(info, IN_BIAS);
+    n->gated = input_wired(info, IN_GATE);
     if (input_wired(info, IN_GIDX))
         return fail(ORT_NOT_IMPLEMENTED, "imegen: node '%s': g_idx (act-order) is not supported", n->name);
     if (level < 0 || level > 4)
@@ -502,15 +507,29 @@ static size_t slice_columns(const struct node *n, size_t i, size_t *n0) {
     return n->N - *n0 < n->width ? n->N - *n0 : n->width;
 }
 
-/* Slice i on the Run's kernel, from the workspace prepare_a filled. */
+/* A gated node's epilogue: the slice's gate, rows N apart like C's. */
+struct gate_ctx {
+    const float *gate;
+    size_t ld;
+};
+
+static void silu_gate_block(void *ctx, float *c, size_t ldc, size_t m0, size_t rows, size_t n0, size_t cols) {
+    const struct gate_ctx *g = ctx;
+    imegen_silu_gate(c, ldc, g->gate + m0 * g->ld + n0, g->ld, rows, cols);
+}
+
+/* Slice i on the Run's kernel, from the workspace prepare_a filled; a gated node's SiLU on each block of C the
+ * kernel finishes, while it is in the cache. */
 static int run_prepared(const struct slices_job *j, size_t i) {
     const struct node *n = j->node;
     size_t n0;
     const size_t cols = slice_columns(n, i, &n0), scratch_bytes = j->k->scratch_size(n->K);
     void *scratch = scratch_bytes ? malloc(scratch_bytes) : NULL; /* a staged B: its own per slice */
     if (scratch_bytes && !scratch) return ST_NO_MEMORY;
-    const int status = j->k->matmul_prepared(j->M, cols, n->K, j->packed[i], j->bias ? j->bias + n0 : NULL, j->C + n0,
-                                             n->N, j->workspace, scratch);
+    struct gate_ctx gate = {j->gate ? j->gate + n0 : NULL, n->N};
+    const int status = j->k->matmul_prepared_then(j->M, cols, n->K, j->packed[i], j->bias ? j->bias + n0 : NULL,
+                                                  j->C + n0, n->N, j->workspace, scratch,
+                                                  j->gate ? silu_gate_block : NULL, &gate);
     free(scratch);
     return status;
 }
@@ -535,6 +554,8 @@ static int run_fallback(const struct slices_job *j, size_t i) {
     const int status = k->matmul(j->M, cols, n->K, j->A, n->K, packed[i], j->bias ? j->bias + n0 : NULL, j->C + n0,
                                  n->N, ws);
     free(ws);
+    if (!status && j->gate) /* the fallback has no prepared workspace to hand an epilogue: the SiLU afterwards */
+        imegen_silu_gate(j->C + n0, n->N, j->gate + n0, n->N, j->M, cols);
     return status;
 }
 
@@ -576,9 +597,10 @@ static const char *status_text(int status) {
 
 static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
     const struct node *n = kernel;
-    const OrtValue *a_value, *bias_value = NULL;
+    const OrtValue *a_value, *bias_value = NULL, *gate_value = NULL;
     TRY(ort->KernelContext_GetInput(ctx, IN_A, &a_value));
     if (n->has_bias) TRY(ort->KernelContext_GetInput(ctx, IN_BIAS, &bias_value));
+    if (n->gated) TRY(ort->KernelContext_GetInput(ctx, IN_GATE, &gate_value));
     OrtTensorTypeAndShapeInfo *shape;
     size_t rank;
     int64_t dims[16];
@@ -604,6 +626,17 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
             return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': bias has %zu elements, expected N = %zu", n->name,
                         bcount, n->N);
     }
+    if (n->gated) {
+        OrtTensorTypeAndShapeInfo *gshape;
+        size_t gcount = 0;
+        TRY(ort->GetTensorTypeAndShape(gate_value, &gshape));
+        st = ort->GetTensorShapeElementCount(gshape, &gcount);
+        ort->ReleaseTensorTypeAndShapeInfo(gshape);
+        if (st) return st;
+        if (gcount != M * n->N)
+            return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': the gate has %zu elements, expected M x N = %zu",
+                        n->name, gcount, M * n->N);
+    }
     dims[rank - 1] = (int64_t)n->N;
     OrtValue *c_value;
     TRY(ort->KernelContext_GetOutput(ctx, 0, dims, rank, &c_value));
@@ -611,13 +644,14 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
     const kernel_t *k = runnable_kernel_for(n, M);
     if (k != kernel_for(n, M)) /* no IME hart in this process: every slice runs on the fallback */
         __atomic_fetch_add(&slices_fallback, n->slices, __ATOMIC_RELAXED);
-    struct slices_job j = {n, k, packed_slices((struct node *)n, k->layout), NULL, NULL, NULL, NULL, M, 0, 0};
+    struct slices_job j = {.node = n, .k = k, .packed = packed_slices((struct node *)n, k->layout), .M = M};
     if (!j.packed) /* create() packs every kernel a Run can pick: this would be a bug, reported, not a crash */
         return fail(ORT_FAIL, "imegen: node '%s': kernel %s has no packed B (internal error)", n->name, k->name);
-    const void *a, *bias = NULL;
+    const void *a, *bias = NULL, *gate = NULL;
     void *c;
     TRY(tensor_data(a_value, &a));
     if (bias_value) TRY(tensor_data(bias_value, &bias));
+    if (gate_value) TRY(tensor_data(gate_value, &gate));
     TRY(ort->GetTensorMutableData(c_value, &c));
     const size_t ws_bytes = k->workspace_size(M, n->K); /* 0: M over IMEGEN_MAX_DIM */
     if (!ws_bytes) return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': A has %zu rows, more than imegen's kernels take",
@@ -625,8 +659,9 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
     void *ws = malloc(ws_bytes);
     if (!ws) return fail(ORT_FAIL, "imegen: node '%s': out of memory for the workspace (M = %zu)", n->name, M);
     k->prepare_a(M, n->K, a, n->K, ws); /* A quantized once; every slice on k reads it */
-    j.A = a, j.workspace = ws, j.bias = bias, j.C = c;
+    j.A = a, j.workspace = ws, j.bias = bias, j.gate = gate, j.C = c;
     count_call(k);
+    if (gate) __atomic_fetch_add(&gated_calls, 1, __ATOMIC_RELAXED);
     if (n->slices == 1) run_slice(&j, 0);
     else st = ort->KernelContext_ParallelFor(ctx, run_slice, n->slices, 0, &j);
     free(ws);
@@ -644,7 +679,7 @@ static ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp *op, 
     static const ONNXTensorElementDataType types[N_INPUTS] = {
         ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
         ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, /* zero points: uint8 checked at creation (float ones refused) */
-        ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
+        ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
     return types[i];
 }
 static size_t ORT_API_CALL input_count(const OrtCustomOp *op) { (void)op; return N_INPUTS; }
@@ -703,6 +738,7 @@ static void append_route(size_t *at, const struct node *n) {
 }
 
 /* Lines: "NAME calls N" per kernel (the Runs it served, whole or some slices); "ime_harts LIST (from ...)";
+ * "decoder OP nodes N calls N" per decoder operator in use (SiluGate: MatMulNBits nodes with a gate input);
  * "ime_slices on_ime N pinned N fallback N"; "packed_bytes N" (B packed by the live nodes); "route NODE: ..."
  * per live node; "vmadots N" in emulation builds. For tests, ort-model-check and ort-accelerate's users. */
 const char *imegen_ort_stats(void) {
@@ -718,10 +754,14 @@ const char *imegen_ort_stats(void) {
     append(&at, "ime_slices on_ime %lu pinned %lu fallback %lu\n", __atomic_load_n(&slices_on_ime, __ATOMIC_RELAXED),
            __atomic_load_n(&slices_pinned, __ATOMIC_RELAXED), __atomic_load_n(&slices_fallback, __ATOMIC_RELAXED));
     append(&at, "packed_bytes %llu\n", __atomic_load_n(&packed_bytes, __ATOMIC_RELAXED));
+    unsigned long gated_nodes = 0;
     pthread_mutex_lock(&live_lock);
-    for (const struct node *n = live_nodes; n; n = n->next) append_route(&at, n);
+    for (const struct node *n = live_nodes; n; n = n->next) append_route(&at, n), gated_nodes += (unsigned long)n->gated;
     pthread_mutex_unlock(&live_lock);
     imegen_decoder_ops_stats(append, &at);
+    const unsigned long gated_runs = __atomic_load_n(&gated_calls, __ATOMIC_RELAXED);
+    if (gated_nodes || gated_runs) /* as a decoder operator: decoder_ops.py's decision names it SiluGate */
+        append(&at, "decoder SiluGate nodes %lu calls %lu\n", gated_nodes, gated_runs);
 #ifdef IMEGEN_IME_EMULATION
     append(&at, "vmadots %lu\n", emulator_count());
 #endif

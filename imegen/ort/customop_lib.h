@@ -26,6 +26,11 @@ struct imegen_kernel_entry {
     size_t (*scratch_size)(size_t K);
     int (*matmul_prepared)(size_t M, size_t N, size_t K, const void *packed_b, const float *bias, float *C, size_t ldc,
                            const void *workspace, void *scratch);
+    int (*matmul_prepared_then)(size_t M, size_t N, size_t K, const void *packed_b, const float *bias, float *C,
+                                size_t ldc, const void *workspace, void *scratch,
+                                void (*epilogue)(void *ctx, float *c, size_t ldc, size_t m0, size_t rows, size_t n0,
+                                                 size_t cols),
+                                void *ctx);
 };
 
 /* An attention kernel (templates/attention.h.j2) for the decoder operators' GroupQueryAttention. */

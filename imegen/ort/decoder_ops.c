@@ -210,20 +210,25 @@ static void norm_row(void *p, size_t r) {
     rms_norm_row(x, j->gamma, j->y + r * w, w, j->n->eps);
 }
 
-/* y = g * sigmoid(g) * u = g * u / (1 + e^-g) */
-static void silu_mul_row(void *p, size_t r) {
-    const struct rows_job *j = p;
-    const size_t w = j->width;
-    const float *g = j->x + r * w, *u = j->skip + r * w;
-    float *y = j->y + r * w;
-    for (size_t i = 0, vl; i < w; i += vl) {
-        vl = __riscv_vsetvl_e32m4(w - i);
+/* y = g * sigmoid(g) * u = g * u / (1 + e^-g), n elements (y may be u) */
+static void silu_mul(const float *g, const float *u, float *y, size_t n) {
+    for (size_t i = 0, vl; i < n; i += vl) {
+        vl = __riscv_vsetvl_e32m4(n - i);
         const vfloat32m4_t gv = __riscv_vle32_v_f32m4(g + i, vl);
         const vfloat32m4_t e = vexp(__riscv_vfneg_v_f32m4(gv, vl), vl);
         const vfloat32m4_t den = __riscv_vfadd_vf_f32m4(e, 1.0f, vl);
         const vfloat32m4_t num = __riscv_vfmul_vv_f32m4(gv, __riscv_vle32_v_f32m4(u + i, vl), vl);
         __riscv_vse32_v_f32m4(y + i, __riscv_vfdiv_vv_f32m4(num, den, vl), vl);
     }
+}
+
+static void silu_mul_row(void *p, size_t r) {
+    const struct rows_job *j = p;
+    silu_mul(j->x + r * j->width, j->skip + r * j->width, j->y + r * j->width, j->width);
+}
+
+void imegen_silu_gate(float *y, size_t ldy, const float *g, size_t ldg, size_t rows, size_t cols) {
+    for (size_t r = 0; r < rows; r++) silu_mul(g + r * ldg, y + r * ldy, y + r * ldy, cols);
 }
 
 static OrtStatus *run_rows(OrtKernelContext *ctx, void (*fn)(void *, size_t), struct rows_job *j, size_t rows) {

@@ -5,6 +5,9 @@ and GroupQueryAttention, in the forms onnxruntime-genai exports; every other for
     com.microsoft SkipSimplifiedLayerNormalization
                                           -> ai.imegen SkipSimplifiedLayerNormalization (output, input_skip_bias_sum)
     Sigmoid(g), Mul(g, .), Mul(., u)      -> ai.imegen SiluMul(g, u)   (g and u: MatMulNBits of one input, one N)
+                                             or, where u's MatMulNBits is imegen's and feeds only this Mul, that
+                                             node with g as its gate input (SiluGate: the kernel applies the SiLU
+                                             to each block of its output while the block is in the cache)
     com.microsoft GroupQueryAttention     -> ai.imegen GroupQueryAttention (packed qkv, past_key, past_value,
                                              seqlens_k, total_sequence_length[, cos_cache, sin_cache])
 """
@@ -19,7 +22,7 @@ from .rewrite import consumers
 MS_DOMAIN = "com.microsoft"
 SERVED = {"GroupQueryAttention": "imegen rvv fp32 (rotary and KV cache here, attention on the spec's attention kernel)"}
 FLOAT = 1  # onnx.TensorProto.FLOAT
-OPS = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "SiluMul", "GroupQueryAttention")
+OPS = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "SiluMul", "SiluGate", "GroupQueryAttention")
 # GroupQueryAttention's inputs by name (ORT 1.23's 12-input form; 1.21 stops after sin_cache)
 GQA_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
               "sin_cache", "position_ids", "attention_bias", "head_sink")
@@ -180,6 +183,35 @@ MOVES = {"SimplifiedLayerNormalization": _move_norm, "SkipSimplifiedLayerNormali
          "GroupQueryAttention": _move_gqa}
 
 
+GATE_INPUT = 6  # ai.imegen MatMulNBits' gate input (customop_lib.c IN_GATE), after ORT's six
+GATED = "imegen rvv fp32 in the up projection's MatMulNBits (the SiLU on each block of its output, in the cache)"
+
+
+def _gated_up(g: _Graph, p: _SiluMul):
+    """The up projection's node when the SiLU can ride in its kernel: imegen serves it, and the SiLU's Mul is all
+    that reads its output."""
+    up = g.producer.get(p.up)
+    if up is None or up.op_type != "MatMulNBits" or up.domain != DOMAIN or len(up.input) > GATE_INPUT:
+        return None
+    if g.used_as_output(p.up) or len(g.consumers.get(p.up, [])) != 1:
+        return None
+    return up
+
+
+def _gate_up(up, p: _SiluMul, graph) -> None:
+    """up(x) -> up(x, gate = g), writing the SiLU's output; Sigmoid, Mul, Mul removed."""
+    up.input.extend([""] * (GATE_INPUT - len(up.input)) + [p.gate])
+    up.output[0] = p.up_mul.output[0]
+    for old in (p.sigmoid, p.gate_mul, p.up_mul):
+        graph.node.remove(old)
+    # the gate is computed before the up projection reads it: move up after the gate's producer if needed
+    nodes = list(graph.node)
+    made = {o: i for i, n in enumerate(nodes) for o in n.output}
+    if made.get(p.gate, -1) > nodes.index(up):
+        graph.node.remove(up)
+        graph.node.insert(made[p.gate], up)
+
+
 def _fuse_silu(graph, p: _SiluMul) -> None:
     from onnx import helper
 
@@ -197,7 +229,7 @@ def rewrite_decoder_ops(model, *, attention: bool = True, apply: bool = True) ->
     attention kernel (the spec's `attention` blocks), which GroupQueryAttention nodes need."""
     graph = model.graph
     g = _Graph(graph)
-    decisions, moves, fusions = [], [], []
+    decisions, moves, fusions, gates = [], [], [], []
     for node in list(graph.node):
         key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
         if key in CHECKS:
@@ -212,14 +244,22 @@ def rewrite_decoder_ops(model, *, attention: bool = True, apply: bool = True) ->
             pattern, why = _silu_pattern(g, node)
             why = why or g.not_float([pattern.gate, pattern.up])
             name = _name(pattern.up_mul) if pattern else _name(node)
-            decisions.append(DecoderDecision(name, "SiluMul", not why, why or "imegen rvv fp32 (Sigmoid, Mul, Mul fused)"))
-            if not why:
+            up = None if why else _gated_up(g, pattern)
+            if up is not None:
+                decisions.append(DecoderDecision(name, "SiluGate", True, GATED))
+                gates.append((up, pattern))
+            else:
+                decisions.append(DecoderDecision(name, "SiluMul", not why,
+                                                 why or "imegen rvv fp32 (Sigmoid, Mul, Mul fused)"))
+            if not why and up is None:
                 fusions.append(pattern)
     if apply:
         for node in moves:
             MOVES[node.op_type](node)
         for p in fusions:
             _fuse_silu(graph, p)
-        if (moves or fusions) and not any(o.domain == DOMAIN for o in model.opset_import):
+        for up, p in gates:
+            _gate_up(up, p, graph)
+        if (moves or fusions or gates) and not any(o.domain == DOMAIN for o in model.opset_import):
             model.opset_import.add(domain=DOMAIN, version=1)
     return decisions

@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from .... import cache
+from ....ort.decoder_ops import GATE_INPUT
 from ....ort.rewrite import bias_add, constant_initializers
 from ....ort.rewrite import consumers as graph_consumers
 from ...model import x60
@@ -151,6 +152,17 @@ def _silu_triples(graph, consumers) -> list[tuple]:
     return out
 
 
+def _gated(triple: tuple, producer: dict, engine_graph) -> tuple:
+    """A SiLU triple with the up projection's MatMulNBits in front when the engine runs them as one node (imegen's
+    decoder operators fold the SiLU into that node's gate input: decoder_ops.py), else the triple."""
+    sigmoid, gate_mul, up_mul = triple
+    up = producer.get(next(i for i in up_mul.input if i != gate_mul.output[0]))
+    mine = {n.name: n for n in engine_graph.node}.get(up.name) if up is not None else None
+    if mine is not None and mine.op_type == "MatMulNBits" and len(mine.input) > GATE_INPUT and mine.input[GATE_INPUT]:
+        return (up, *triple)
+    return triple
+
+
 def _bias_pairs(graph, consumers) -> list[tuple]:
     """com.microsoft MatMulNBits whose only consumer is an Add of a constant [N]: ORT's MatMulNBitsFusion, the pairs
     imegen's rewrite folds by the same rule (rewrite.bias_add)."""
@@ -193,7 +205,8 @@ def partition(model, engine_model) -> list[Unit]:
     layers = layer_count(model)
     consumers = graph_consumers(graph)
     folded = folded_nodes(graph)
-    groups = list(_silu_triples(graph, consumers))
+    producer = {o: n for n in graph.node for o in n.output if o}
+    groups = [_gated(t, producer, engine_model.graph) for t in _silu_triples(graph, consumers)]
     groups += [pair for pair in _bias_pairs(graph, consumers) if _bias_taken(pair, engine_model.graph)]
     group_of = {n.name: g for g in groups for n in g}
     units, seen = [], set()
@@ -741,17 +754,18 @@ def _initializer_bytes(node, inits: dict, rows: int, positions: int) -> float:
 
 def imegen_matmul_bytes(node, rows: int, specs: list) -> float:
     """DRAM bytes of an imegen MatMulNBits call: the serving kernel's own traffic (x60.dram_traffic: its packed
-    weights, x60.packed_b_bytes, once per M block; A; A's workspace; C)."""
+    weights, x60.packed_b_bytes, once per M block; A; A's workspace; C) and a SiLU gate's input (M x N fp32)."""
     from ....ort.serving import NodeNeeds, serve
     from ....plan import plan_kernel
 
     a = _attrs(node)
-    ins = list(node.input) + [""] * 6
+    ins = list(node.input) + [""] * 7
     need = NodeNeeds(bits=a.get("bits", 4), block=a["block_size"], accuracy_level=a.get("accuracy_level", 0),
                      asymmetric=bool(ins[3]), bias=bool(ins[5]), N=a["N"], K=a["K"])
     name = serve(specs, need).kernel_for(rows)
     spec = next(s for s in specs if s.name == name)
-    return x60.dram_traffic(plan_kernel(spec), rows, a["N"], a["K"]).dram
+    gate = rows * a["N"] * 4 if ins[GATE_INPUT] else 0  # read once, beside the block of C it gates (in the cache)
+    return x60.dram_traffic(plan_kernel(spec), rows, a["N"], a["K"]).dram + gate
 
 
 def dram_bytes(um: UnitModel, outputs: dict[str, np.ndarray], rows: int, positions: int, specs: list) -> float:
