@@ -1,5 +1,6 @@
 """Generated imegen-ABI entry points under hostile arguments (tests/c/hostile_args.c): documented
-status codes, sizes that never wrap, K = 0 defined as C = bias (or 0). The scalar kernels run
+status codes, sizes that never wrap, K = 0 defined as C = bias (or 0), matmul_prepared_then's epilogue handed
+each element of C once, after its final value. The scalar kernels run
 natively under ASan + UBSan (any out-of-bounds access or overflow aborts); the RVV and IME kernels,
 which share the entry templates, run the same calls under QEMU."""
 
@@ -25,6 +26,7 @@ OK, ERR_ARG = 0, 2
 EXPECTED = ["1", "1", "1", "1",  # size functions
             str(OK), *[str(ERR_ARG)] * 11, str(OK), str(OK), f"{OK} 1", f"{OK} {OK} 1",
             f"{OK} 1", *[str(ERR_ARG)] * 3, "1", "1",  # matmul_prepared
+            f"{OK} 1 1", f"{OK} 1 1", f"{ERR_ARG} 1",  # matmul_prepared_then: its epilogue, K = 0, a refusal
             *[str(ERR_ARG)] * 4, str(OK), str(ERR_ARG), str(OK), *[str(ERR_ARG)] * 3]  # C overlapping its inputs
 
 

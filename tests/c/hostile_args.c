@@ -14,6 +14,26 @@
 #define N0 7
 #define K0 40
 
+/* matmul_prepared_then's epilogue here: adds 1 to each element it is handed and counts the visits */
+static int visits[M0 * N0], strays;
+static void plus_one(void *ctx, float *c, size_t ldc, size_t m0, size_t rows, size_t n0, size_t cols) {
+    float *base = ctx;
+    if (c != base + m0 * ldc + n0 || m0 + rows > M0 || n0 + cols > N0) {
+        strays++;
+        return;
+    }
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++) c[i * ldc + j] += 1.0f, visits[(m0 + i) * N0 + n0 + j]++;
+}
+
+/* 1 when every element was visited exactly once and nothing else was handed over; resets the counts */
+static int each_once(void) {
+    int ok = strays == 0;
+    for (int i = 0; i < M0 * N0; i++) ok &= visits[i] == 1, visits[i] = 0;
+    strays = 0;
+    return ok;
+}
+
 int main(void) {
 #ifdef IME_EMU
     imegen_ime_emu_install();
@@ -73,6 +93,19 @@ int main(void) {
     printf("%d\n", P(matmul_prepared)(M0, N0, K0, pb, bs, NULL, N0, ws, scratch));            /* NULL C */
     printf("%d\n", P(scratch_size)(SIZE_MAX / 2) == 0 || P(scratch_size)(K0) == 0);           /* never wraps */
     printf("%d\n", P(matmul_prepared)(M0, N0, K0, pb, bs, c3, N0, ws, NULL) == (P(scratch_size)(K0) ? 2 : 0)); /* NULL scratch */
+    /* matmul_prepared_then: matmul_prepared's C, then each element handed to the epilogue once, final */
+    static float c4[M0 * N0];
+    int s4 = P(matmul_prepared_then)(M0, N0, K0, pb, bs, c4, N0, ws, scratch, plus_one, c4);
+    int same = 1;
+    for (int i = 0; i < M0 * N0; i++) same &= c4[i] == c3[i] + 1.0f;
+    printf("%d %d %d\n", s4, each_once(), same);
+    s4 = P(matmul_prepared_then)(M0, N0, 0, NULL, bs, c4, N0, NULL, NULL, plus_one, c4); /* K = 0: C = bias + 1 */
+    same = 1;
+    for (int m = 0; m < M0; m++)
+        for (int n = 0; n < N0; n++) same &= c4[m * N0 + n] == (HAS_BIAS ? bias[n] : 0.0f) + 1.0f;
+    printf("%d %d %d\n", s4, each_once(), same);
+    s4 = P(matmul_prepared_then)(M0, N0, K0, pb, bs, c4, N0, NULL, scratch, plus_one, c4); /* NULL workspace */
+    printf("%d %d\n", s4, strays == 0 && !memchr(visits, 1, sizeof visits));            /* refused, no epilogue */
     /* C overlapping what the call reads: refused (no call computes in place); C just past A: fine */
     printf("%d\n", P(matmul)(M0, N0, K0, a, K0, pb, bs, a, N0, ws));                  /* C on A */
     printf("%d\n", P(matmul)(M0, N0, K0, a, K0, pb, bs, (float *)ws, N0, ws));        /* C in the workspace */
