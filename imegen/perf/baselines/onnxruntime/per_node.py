@@ -4,14 +4,16 @@
   stock-ort            Debian's riscv64 onnxruntime 1.23, every node stock.
   ort-imegen-matmul    MatMulNBits moved to imegen's custom-op library, the rest stock: the model and library
                        `imegen ort-accelerate --flavour qemu --matmul-only` writes (setup runs it).
-  ort-imegen-decoder   also the decoder nodes on imegen's RVV operators (RMSNorms, SiluMul for Sigmoid-Mul-Mul,
-                       GroupQueryAttention on the spec's attention kernel): `imegen ort-accelerate --flavour qemu`.
+  ort-imegen-decoder   also the decoder nodes on imegen's RVV operators (RMSNorms, GroupQueryAttention on the spec's
+                       attention kernel; Sigmoid-Mul-Mul inside the up projection's MatMulNBits, its gate input):
+                       `imegen ort-accelerate --flavour qemu`.
 
 Stages (frozen dataclasses between them):
  1. partition: every node of the model belongs to exactly one Unit: the nodes ORT runs as one after its own
     graph optimizer (its MatMulNBitsFusion folds the q/k/v bias Add into a com.microsoft MatMulNBits, which a
     node in imegen's domain never gets; its QuickGeluFusion makes Sigmoid+Mul one QuickGelu, so the SiLU gate
-    Sigmoid, Mul, Mul is one unit, as imegen's SiluMul is), or a folded unit (Constant nodes, the embedding's
+    Sigmoid, Mul, Mul is one unit; where imegen's decoder operators folded it into the up projection's MatMulNBits,
+    that MatMulNBits and the three are one unit, _gated), or a folded unit (Constant nodes, the embedding's
     Reshape of the lm_head weights: computed once at session creation, no per-Run work).
  2. distinct_nodes: each unit's signature (ops, attributes, input shapes and types at the phase); units of one
     signature are one distinct node with a multiplicity. The account is enumerated on a model of >= 2 layers
