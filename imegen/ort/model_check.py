@@ -19,10 +19,17 @@ says so.
 A decoder (a graph input named `input_ids`; onnxruntime-genai's and optimum's exports) runs the way
 a generation loop runs it: a prefill step of `seq` tokens after a KV cache of `past` positions
 (matmuls with M = seq: the gemm kernels), then decode steps of one token (M = 1: the gemv kernels),
-each fed the previous step's present.* outputs as its past_key_values.* and the argmax of its logits
-as its token. Every output of every step is compared. Other models run once on the given or random
-inputs. When the spec serves no MatMulNBits node nothing is run and the check fails: a PASS must
-mean imegen's kernels computed something.
+each fed the argmax of the previous step's logits as its token. Where every past_key_values.* input is
+GroupQueryAttention's past and its present.* output that node's present, the cache is held as
+onnxruntime-genai holds it on CPU (past_present_share_buffer): one buffer per past input, as long as
+every position the check decodes, bound through an IoBinding as both the past input and the present
+output, so the operator writes the new tokens' rows in place; the rows not yet written hold NaN, so an
+operator reading one gives NaN outputs, and one writing a row it should not fails that output. Other
+decoders feed each step's present.* outputs back as the next past_key_values.* (a cache growing by the
+new tokens); the report says which way it decoded. Every output of every step is compared (of a
+shared buffer, the rows that hold positions). Other models run once on the given or random inputs.
+When the spec serves no MatMulNBits node nothing is run and the check fails: a PASS must mean
+imegen's kernels computed something.
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ class OutputAgreement:
     elements: int = 0
     rms: float = 0.0  # RMS of imegen - stock
     peer: Deviation | None = None  # the peer (host ORT, level 4) vs stock, when it ran
+    note: str = ""  # what else failed it (a shared KV buffer's row written that holds no position yet)
 
     @property
     def within_tolerance(self) -> bool:
@@ -137,6 +145,7 @@ class ModelCheck:
     peer_note: str = ""  # at level 4, why no peer ran (or stopped)
     decoder: list[DecoderDecision] = field(default_factory=list)  # the decoder's other nodes (decoder_ops.py)
     decoder_calls: dict[str, tuple[int, int]] = field(default_factory=dict)  # operator -> (live nodes, calls)
+    kv_cache: str = ""  # how the decode steps held the KV cache (a report line; "": no cache fed back)
 
     @property
     def moved(self) -> int:
@@ -190,6 +199,7 @@ class ModelCheck:
         if not self.moved:
             lines += [f"nothing was checked: 0 of {len(self.decisions)} MatMulNBits nodes rewritten", "FAIL"]
             return "\n".join(lines)
+        lines += [self.kv_cache] if self.kv_cache else []
         lines += self._criterion_lines()
         for step in self.steps:
             lines += _step_lines(step, multi=len(self.steps) > 1, peer=bool(self.peer))
@@ -280,7 +290,7 @@ def _verdict(o: OutputAgreement) -> str:
 
 
 def _agreement_line(name: str, o: OutputAgreement, peer: bool, verdict: str | None = None) -> str:
-    verdict = verdict or _verdict(o)
+    verdict = (verdict or _verdict(o)) + (f": {o.note}" if o.note else "")
     if not peer:
         return f"  {name:24s} max |diff| {o.max_abs:.3g}  {o.worst:.3f} of tolerance  {verdict}"
     theirs, (rmax, rrms) = ("-", ("-", "-")) if o.peer is None else (
@@ -338,6 +348,27 @@ def compare_outputs(stock: dict, mine: dict, level: int, peer: dict | None = Non
         agreement = OutputAgreement(name, d.max_abs, d.worst, False, y0.size, d.rms, theirs)
         out.append(replace(agreement, ok=agreement.within_tolerance or agreement.like_peer))
     return out
+
+
+def compare_shared(stock: dict, mine: dict, level: int, peer: dict | None, shared: set[str],
+                   valid: int) -> list[OutputAgreement]:
+    """compare_outputs where the `shared` outputs are KV buffers of which the first `valid` rows (axis 2) hold
+    positions: those rows are compared (the peer's growing cache has just them); imegen's rows after them must
+    still hold the NaN they were fed, else its operator wrote a row it should not have (and the row it should
+    have written is NaN, or it wrote one too many)."""
+    def held(outputs: dict) -> dict:
+        return {k: v[:, :, :valid] if k in shared else v for k, v in outputs.items()}
+
+    out = compare_outputs(held(stock), held(mine), level, peer)
+    return [_rows_after_untouched(o, mine[o.name], valid) if o.name in shared else o for o in out]
+
+
+def _rows_after_untouched(o: OutputAgreement, buffer: np.ndarray, valid: int) -> OutputAgreement:
+    written = np.nonzero(~np.isnan(buffer[:, :, valid:]).all(axis=(0, 1, 3)))[0] + valid
+    if not written.size:
+        return o
+    rows = f"row{'s' * (written.size > 1)} " + ", ".join(map(str, written[:4])) + (", ..." if written.size > 4 else "")
+    return replace(o, ok=False, note=f"wrote {rows} of the shared buffer, past the {valid} positions it holds")
 
 
 # ------------------------------------------------------------------------------------------ reading the graph
@@ -464,6 +495,36 @@ def find_decoder(model, dims: dict[str, int] | None = None) -> Decoder | None:
                    present if len(present) == len(past) else (), logits, _vocab(g, logits, dims))
 
 
+GQA_PAST = {3: 1, 4: 2}  # GroupQueryAttention's past_key, past_value input -> its present_key, present_value output
+
+
+def shared_kv_reason(model, dec: Decoder) -> str:
+    """Why the decoder's KV cache cannot be held as onnxruntime-genai holds it on CPU, one buffer per past input
+    bound as both the past input and the present output ("" when it can): each past_key_values.* must be read by
+    one GroupQueryAttention alone, as its past key or value, and its present.* be that node's present output
+    (then the node sees past == present and writes the new rows in place; anything else reading the past would
+    see the whole buffer, rows not yet written included). The KV cache is BNSH: [batch, kv heads, length, head]."""
+    if not dec.present:
+        return "the model has no present.* output for every past_key_values.* input"
+    g = _Graph(model)
+    for past, present in dec.present:
+        readers = g.consumers(past)
+        attention = [(n, i) for n, i in readers if n.op_type == "GroupQueryAttention"
+                     and n.domain == "com.microsoft" and i in GQA_PAST]
+        if len(readers) != 1 or not attention:
+            ops = sorted({n.op_type for n, _ in readers})
+            return f"{past} is read by {' and '.join(ops) or 'no node'}, not by one GroupQueryAttention alone"
+        node, slot = attention[0]
+        if node.output[GQA_PAST[slot]] != present:
+            return f"{present} is not the present output of the GroupQueryAttention reading {past}"
+        if DTYPES[g.inputs[past].type.tensor_type.elem_type] not in FLOAT_DTYPES:
+            return f"{past} is not a float tensor"
+        heads, kv_heads = dict(dec.past)[past][1], int(node_attributes(node)["kv_num_heads"])
+        if heads != kv_heads:
+            return f"{past}'s dimension 1 is {heads}, not its GroupQueryAttention's {kv_heads} kv heads (not BNSH)"
+    return ""
+
+
 # ------------------------------------------------------------------------------------------ feeds
 def _random_value(dtype, shape, rng) -> np.ndarray:
     if dtype in FLOAT_DTYPES:
@@ -532,6 +593,17 @@ def decode_feeds(dec: Decoder, feeds: dict[str, np.ndarray], outputs: dict[str, 
     return nxt
 
 
+def shared_buffers(dec: Decoder, feeds: dict[str, np.ndarray], positions: int) -> dict[str, np.ndarray]:
+    """The feeds with each past input in a buffer of `positions` rows, as onnxruntime-genai allocates it: the
+    cache's rows first, NaN after them (not written yet: an operator reading one gives NaN outputs)."""
+    out = dict(feeds)
+    for past, _ in dec.present:
+        cache = feeds[past]
+        out[past] = np.full(cache.shape[:2] + (positions,) + cache.shape[3:], np.nan, cache.dtype)
+        out[past][:, :, :cache.shape[2]] = cache
+    return out
+
+
 def _cache_length(dec: Decoder, feeds: dict[str, np.ndarray]) -> int:
     return int(feeds[dec.past[0][0]].shape[2]) if dec.past else 0
 
@@ -588,16 +660,20 @@ def _first_line(e: BaseException) -> str:
 
 
 class _Sides:
-    """Stock and imegen sessions, run side by side (two QEMU processes), and the peer when there is one."""
+    """Stock and imegen sessions, run side by side (two QEMU processes), and the peer when there is one. `share`
+    {present output: past input}: both riscv64 sessions run with those outputs bound to their inputs' buffers, as
+    onnxruntime-genai runs a model (the peer, only a yardstick of level 4's rounding, keeps a growing cache)."""
 
-    def __init__(self, stock: RiscvSession, mine: RiscvSession, peer: HostPeer | None = None):
+    def __init__(self, stock: RiscvSession, mine: RiscvSession, peer: HostPeer | None = None,
+                 share: dict[str, str] | None = None):
         self.stock, self.mine, self.peer = stock, mine, peer
+        self.share = share
         self._pool = ThreadPoolExecutor(2)
 
     def run(self, stock_feeds: dict[str, np.ndarray], mine_feeds: dict[str, np.ndarray],
             peer_feeds: dict[str, np.ndarray] | None = None) -> tuple[dict, dict, dict | None]:
-        a = self._pool.submit(self.stock.run, stock_feeds)
-        b = self._pool.submit(self.mine.run, mine_feeds)
+        a = self._pool.submit(self.stock.run, stock_feeds, share=self.share)
+        b = self._pool.submit(self.mine.run, mine_feeds, share=self.share)
         theirs = self.peer.run(peer_feeds) if self.peer and peer_feeds is not None else None  # meanwhile, on the host
         return a.result(), b.result(), theirs
 
@@ -611,15 +687,28 @@ def _level(model) -> int:
     return 4 if 4 in levels else 0
 
 
+def _decodes(dec: Decoder, generate: int) -> int:
+    """Decode steps after the prefill: one, or `generate` (a decoder that feeds its cache back, with logits)."""
+    return (generate or 1) if dec.present and dec.logits else 0
+
+
+def kv_positions(dec: Decoder, feeds: dict[str, np.ndarray], generate: int) -> int:
+    """Every position the check's steps put in the KV cache: the past, the prefill's tokens, one per decode."""
+    return _cache_length(dec, feeds) + feeds[dec.input_ids].shape[-1] + _decodes(dec, generate)
+
+
 def _decoder_steps(sides: _Sides, dec: Decoder, feeds: dict, level: int, generate: int) -> list[Step]:
     """Prefill, then decode steps (one; or `generate`, the last generated token fed too so every token's
-    step is compared), each side fed its own present.* outputs, as a generation loop does. Checking
-    (generate 0) both sides decode the stock argmax, so a near-tie imegen breaks the other way still
+    step is compared), each side fed its own present.* outputs, as a generation loop does: with `sides.share`
+    in one shared buffer per past input (kv_positions long, NaN where not yet written), else a growing cache.
+    Checking (generate 0) both sides decode the stock argmax, so a near-tie imegen breaks the other way still
     compares like with like; generating, each side decodes its own argmax and the loop stops where they
     differ. The peer always decodes stock's token (imegen's too while they agree), so its deviation is
     measured on the same inputs; its own argmax is recorded."""
-    decodes = (generate or 1) if dec.present and dec.logits else 0
-    stock_feeds = mine_feeds = peer_feeds = feeds
+    decodes = _decodes(dec, generate)
+    shared = set(sides.share or ())
+    peer_feeds = feeds
+    stock_feeds = mine_feeds = shared_buffers(dec, feeds, kv_positions(dec, feeds, generate)) if shared else feeds
     seq, past = feeds[dec.input_ids].shape[-1], _cache_length(dec, feeds)
     label = f"prefill: {seq} token{'s' * (seq != 1)} at past {past}"
     steps = []
@@ -627,7 +716,10 @@ def _decoder_steps(sides: _Sides, dec: Decoder, feeds: dict, level: int, generat
         stock, mine, theirs = sides.run(stock_feeds, mine_feeds, peer_feeds)
         tokens = (_argmax(dec, stock), _argmax(dec, mine)) if dec.logits else None
         peer_token = _argmax(dec, theirs) if theirs is not None else None
-        steps.append(Step(label, tuple(compare_outputs(stock, mine, level, theirs)), tokens, peer_token))
+        valid = past + stock_feeds[dec.input_ids].shape[-1]
+        outputs = (compare_shared(stock, mine, level, theirs, shared, valid) if shared else
+                   compare_outputs(stock, mine, level, theirs))
+        steps.append(Step(label, tuple(outputs), tokens, peer_token))
         if i == decodes or (generate and tokens[0] != tokens[1]):
             break
         past += stock_feeds[dec.input_ids].shape[-1]
@@ -657,6 +749,7 @@ def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: s
     except ModelFileError as e:
         raise ModelCheckError(str(e)) from None
     dec = find_decoder(model, dims)
+    why_growing = shared_kv_reason(model, dec) if dec is not None else ""  # read before the rewrite
     if dec is not None and STEP_DIMS & dims.keys():
         raise ModelCheckError(f"--dim {sorted(STEP_DIMS & dims.keys())[0]}: a decoder's sequence lengths come "
                               "from --seq and --past")
@@ -675,8 +768,11 @@ def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: s
         check.decoder = rewrite_decoder_ops(model, attention=bool(attention))
     if not check.moved:
         return check  # nothing imegen would run: no session, and the report says so
+    share = None
     if dec is not None:
         feeds = inputs if inputs is not None else prefill_feeds(model, dec, seq, past, seed, dims)
+        share = None if why_growing else {present: cache for cache, present in dec.present}
+        check.kv_cache = _kv_cache_line(dec, feeds, generate, why_growing)
     else:
         feeds = inputs if inputs is not None else random_inputs(model, seed, dims)
     with tempfile.TemporaryDirectory() as tmp:
@@ -692,7 +788,7 @@ def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: s
                                             "judged by the level-4 tolerance alone" if compute == "int8" else ""))
             sessions = [_result_or_close(f, starting) for f in starting]
         check.peer = peer.name if peer else ""
-        sides = _Sides(*sessions, peer)
+        sides = _Sides(*sessions, peer, share)
         try:
             check.ort_version = sides.stock.version
             if dec is None:
@@ -710,6 +806,15 @@ def model_check(specs: list[KernelSpec], model_path: str | Path, *, spec_file: s
             for s in sessions:
                 s.close()
     return check
+
+
+def _kv_cache_line(dec: Decoder, feeds: dict[str, np.ndarray], generate: int, why_growing: str) -> str:
+    if not dec.present:
+        return ""
+    if why_growing:
+        return f"KV cache: growing, each step's present.* fed back as the next past_key_values.* ({why_growing})"
+    return (f"KV cache: shared past/present buffer of {kv_positions(dec, feeds, generate)} positions, as "
+            "onnxruntime-genai runs it (each present.* bound to its past_key_values.*, rows not yet written NaN)")
 
 
 def qemu_vlen(specs: list[KernelSpec]) -> int:
