@@ -191,6 +191,19 @@ def test_silu_mul(tmp_path, library, vlen, version):
     assert [n.op_type for n in rewritten(model).graph.node].count("Sigmoid") == 0
 
 
+@needs_qemu
+@pytest.mark.parametrize("vlen,N", [(256, 8), (256, 16), (1024, 16)])
+def test_silu_mul_on_rows_one_register_group_holds(tmp_path, library, vlen, N):
+    """Rows that fit one register of m1 (8 floats at VLEN 256, 32 at 1024) or m2 take the smaller group's copy of
+    the SiLU: the same formula, against NumPy."""
+    rng = np.random.default_rng(4)
+    model = mlp_model(rng, N=N)
+    x = rng.normal(0, 4, (3, 64)).astype(np.float32)
+    want, got, _ = run_both(tmp_path, model, {"X": x}, library, vlen=vlen)
+    g, u = want["gate"].astype(np.float64), want["up"].astype(np.float64)
+    close(got["Y"], g / (1 + np.exp(-g)) * u, "Y vs NumPy")
+
+
 def rewritten(model):
     m = onnx.ModelProto()
     m.CopyFrom(model)

@@ -159,11 +159,13 @@ def test_gated_up_projection_matches_its_references(runs, version, monkeypatch):
 
 
 @needs_qemu
-def test_gated_up_projection_on_the_fallback(runs, monkeypatch):
-    """No IME hart in the process: the node runs on its RVV fallback kernel, gated through the same epilogue."""
+@pytest.mark.parametrize("vlen", [256, 1024])
+def test_gated_up_projection_on_the_fallback(runs, monkeypatch, vlen):
+    """No IME hart in the process: the node runs on its RVV fallback kernel, gated through the same epilogue (at
+    VLEN 1024 a block's 16 columns take the SiLU's m1 copy, at 256 its m2 one)."""
     tmp, lib, feeds, *_ = runs
     monkeypatch.setenv("IMEGEN_IME_HARTS", "none")
-    with RiscvSession(tmp / "fused.onnx", "1.23", custom_ops=lib, threads=2) as s:
+    with RiscvSession(tmp / "fused.onnx", "1.23", custom_ops=lib, threads=2, vlen=vlen) as s:
         got = [s.run(f) for f in feeds]
         stats = parse_stats(s.stats())
     *_, stock, _ = runs

@@ -34,24 +34,46 @@
 /* ------------------------------------------------------------------------------------------ vector math */
 /* e^x for x <= 88: x = n ln2 + r with |r| <= ln2/2, e^r by its Taylor polynomial of degree 7 (truncation error
  * below 1e-8 relative there), times 2^n built in the exponent field. Below -87 the result is clamped to e^-87
- * (1.6e-38): callers only add such terms to sums of order 1. */
-static inline vfloat32m4_t vexp(vfloat32m4_t x, size_t vl) {
-    x = __riscv_vfmax_vf_f32m4(__riscv_vfmin_vf_f32m4(x, 88.0f, vl), -87.0f, vl);
-    const vint32m4_t n = __riscv_vfcvt_x_f_v_i32m4(__riscv_vfmul_vf_f32m4(x, 1.44269504088896341f, vl), vl);
-    const vfloat32m4_t nf = __riscv_vfcvt_f_x_v_f32m4(n, vl);
-    /* ln2 split in a part exact in fp32 products with n and the rest (Cody-Waite) */
-    vfloat32m4_t r = __riscv_vfnmsac_vf_f32m4(x, 0.693359375f, nf, vl);
-    r = __riscv_vfnmsac_vf_f32m4(r, -2.12194440e-4f, nf, vl);
-    vfloat32m4_t p = __riscv_vfmv_v_f_f32m4(1.0f / 5040, vl);
-    p = __riscv_vfmadd_vv_f32m4(p, r, __riscv_vfmv_v_f_f32m4(1.0f / 720, vl), vl);
-    p = __riscv_vfmadd_vv_f32m4(p, r, __riscv_vfmv_v_f_f32m4(1.0f / 120, vl), vl);
-    p = __riscv_vfmadd_vv_f32m4(p, r, __riscv_vfmv_v_f_f32m4(1.0f / 24, vl), vl);
-    p = __riscv_vfmadd_vv_f32m4(p, r, __riscv_vfmv_v_f_f32m4(1.0f / 6, vl), vl);
-    p = __riscv_vfmadd_vv_f32m4(p, r, __riscv_vfmv_v_f_f32m4(0.5f, vl), vl);
-    p = __riscv_vfmadd_vv_f32m4(p, r, __riscv_vfmv_v_f_f32m4(1.0f, vl), vl);
-    p = __riscv_vfmadd_vv_f32m4(p, r, __riscv_vfmv_v_f_f32m4(1.0f, vl), vl);
-    const vint32m4_t bits = __riscv_vsll_vx_i32m4(__riscv_vadd_vx_i32m4(n, 127, vl), 23, vl);
-    return __riscv_vfmul_vv_f32m4(p, __riscv_vreinterpret_v_i32m4_f32m4(bits), vl);
+ * (1.6e-38): callers only add such terms to sums of order 1. And y = g * sigmoid(g) * u = g * u / (1 + e^-g) on n
+ * elements (y may be u). One copy per register group size (LM = m1, m2, m4): vector units cost a group's whole
+ * width whatever vl is, so a short row takes the smallest group that holds it. */
+#define DEFINE_SILU(LM)                                                                                              \
+    static inline vfloat32##LM##_t vexp_##LM(vfloat32##LM##_t x, size_t vl) {                                       \
+        x = __riscv_vfmax_vf_f32##LM(__riscv_vfmin_vf_f32##LM(x, 88.0f, vl), -87.0f, vl);                          \
+        const vint32##LM##_t n = __riscv_vfcvt_x_f_v_i32##LM(__riscv_vfmul_vf_f32##LM(x, 1.44269504088896341f, vl), vl); \
+        const vfloat32##LM##_t nf = __riscv_vfcvt_f_x_v_f32##LM(n, vl);                                             \
+        /* ln2 split in a part exact in fp32 products with n and the rest (Cody-Waite) */                           \
+        vfloat32##LM##_t r = __riscv_vfnmsac_vf_f32##LM(x, 0.693359375f, nf, vl);                                   \
+        r = __riscv_vfnmsac_vf_f32##LM(r, -2.12194440e-4f, nf, vl);                                                 \
+        vfloat32##LM##_t p = __riscv_vfmv_v_f_f32##LM(1.0f / 5040, vl);                                             \
+        p = __riscv_vfmadd_vv_f32##LM(p, r, __riscv_vfmv_v_f_f32##LM(1.0f / 720, vl), vl);                          \
+        p = __riscv_vfmadd_vv_f32##LM(p, r, __riscv_vfmv_v_f_f32##LM(1.0f / 120, vl), vl);                          \
+        p = __riscv_vfmadd_vv_f32##LM(p, r, __riscv_vfmv_v_f_f32##LM(1.0f / 24, vl), vl);                           \
+        p = __riscv_vfmadd_vv_f32##LM(p, r, __riscv_vfmv_v_f_f32##LM(1.0f / 6, vl), vl);                            \
+        p = __riscv_vfmadd_vv_f32##LM(p, r, __riscv_vfmv_v_f_f32##LM(0.5f, vl), vl);                                \
+        p = __riscv_vfmadd_vv_f32##LM(p, r, __riscv_vfmv_v_f_f32##LM(1.0f, vl), vl);                                \
+        p = __riscv_vfmadd_vv_f32##LM(p, r, __riscv_vfmv_v_f_f32##LM(1.0f, vl), vl);                                \
+        const vint32##LM##_t bits = __riscv_vsll_vx_i32##LM(__riscv_vadd_vx_i32##LM(n, 127, vl), 23, vl);          \
+        return __riscv_vfmul_vv_f32##LM(p, __riscv_vreinterpret_v_i32##LM##_f32##LM(bits), vl);                     \
+    }                                                                                                               \
+    static void silu_mul_##LM(const float *g, const float *u, float *y, size_t n) {                                 \
+        for (size_t i = 0, vl; i < n; i += vl) {                                                                    \
+            vl = __riscv_vsetvl_e32##LM(n - i);                                                                     \
+            const vfloat32##LM##_t gv = __riscv_vle32_v_f32##LM(g + i, vl);                                         \
+            const vfloat32##LM##_t e = vexp_##LM(__riscv_vfneg_v_f32##LM(gv, vl), vl);                              \
+            const vfloat32##LM##_t den = __riscv_vfadd_vf_f32##LM(e, 1.0f, vl);                                     \
+            const vfloat32##LM##_t num = __riscv_vfmul_vv_f32##LM(gv, __riscv_vle32_v_f32##LM(u + i, vl), vl);      \
+            __riscv_vse32_v_f32##LM(y + i, __riscv_vfdiv_vv_f32##LM(num, den, vl), vl);                             \
+        }                                                                                                           \
+    }
+DEFINE_SILU(m1)
+DEFINE_SILU(m2)
+DEFINE_SILU(m4)
+
+static void silu_mul(const float *g, const float *u, float *y, size_t n) {
+    if (n <= __riscv_vsetvlmax_e32m1()) silu_mul_m1(g, u, y, n);
+    else if (n <= __riscv_vsetvlmax_e32m2()) silu_mul_m2(g, u, y, n);
+    else silu_mul_m4(g, u, y, n);
 }
 
 static float sum_of_squares(const float *x, size_t n) {
@@ -208,18 +230,6 @@ static void norm_row(void *p, size_t r) {
         x = s;
     }
     rms_norm_row(x, j->gamma, j->y + r * w, w, j->n->eps);
-}
-
-/* y = g * sigmoid(g) * u = g * u / (1 + e^-g), n elements (y may be u) */
-static void silu_mul(const float *g, const float *u, float *y, size_t n) {
-    for (size_t i = 0, vl; i < n; i += vl) {
-        vl = __riscv_vsetvl_e32m4(n - i);
-        const vfloat32m4_t gv = __riscv_vle32_v_f32m4(g + i, vl);
-        const vfloat32m4_t e = vexp(__riscv_vfneg_v_f32m4(gv, vl), vl);
-        const vfloat32m4_t den = __riscv_vfadd_vf_f32m4(e, 1.0f, vl);
-        const vfloat32m4_t num = __riscv_vfmul_vv_f32m4(gv, __riscv_vle32_v_f32m4(u + i, vl), vl);
-        __riscv_vse32_v_f32m4(y + i, __riscv_vfdiv_vv_f32m4(num, den, vl), vl);
-    }
 }
 
 static void silu_mul_row(void *p, size_t r) {
