@@ -191,7 +191,7 @@ def test_k3_configs_are_the_example_spec_imegen_check_passes():
 
 def test_k3_keeps_what_ime2_cannot_serve_with_the_reason():
     nodes, d = derived(NodeNeeds(4, 16, 4, False, False, N=896, K=896), NodeNeeds(8, 16, 4, False, False, N=64, K=64))
-    assert nodes[0].why_not.startswith("no SpacemiT K3 IME2 kernel for 4-bit block 16: 4-bit IME2 needs an even "
+    assert nodes[0].why_not.startswith("no SpacemiT K3 kernel (target = ime2) for 4-bit block 16: 4-bit IME2 needs an even "
                                        "k_unroll")
     assert not nodes[1].why_not  # 8-bit block 16: k_unroll 1
     assert [(s.bits, s.block, s.k_unroll) for s in d.specs if s.target == "ime2"] == [(8, 16, 1), (8, 16, 1)]

@@ -359,7 +359,7 @@ def board_refusal(board: Board, need: NodeNeeds, compute: str | None) -> str:
     for op in ("gemv", "gemm"):
         got = target_config(board, group, op)
         if isinstance(got, SpecError):
-            return (f"no {board.title} IME2 kernel for {group.bits}-bit block {group.block}: "
+            return (f"no {board.title} kernel (target = {board.ime_target}) for {group.bits}-bit block {group.block}: "
                     f"{got.message.split(': ', 1)[-1]}")
     return ""
 
