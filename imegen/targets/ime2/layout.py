@@ -64,7 +64,7 @@ def a_scale_group(spec: KernelSpec) -> int:
 
 
 def quantize_lmul(spec: KernelSpec) -> int:
-    """LMUL of the A quantizer's fp32 groups: at VLEN 1024 an LMUL-4 group holds 128 floats and an LMUL-8
-    one 256, so a block takes one pass of its loops (quantize_block_to's int8 types need LMUL 4 or 8)."""
-    return 8 if spec.block > 128 else 4
-
+    """LMUL of the A quantizer's fp32 groups: the least that holds a block at VLEN 1024 (32 floats per register),
+    so a block takes one pass of its loops and no vector instruction works on lanes past it (the A100's vector
+    units take time by register group, not by vl)."""
+    return min(8, max(1, spec.block // 32))
