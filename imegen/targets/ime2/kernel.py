@@ -457,9 +457,22 @@ def gemm_tile_start(zp_default: int) -> tuple[AsmOp, ...]:
 
 
 def gemm_tile_end() -> tuple[AsmOp, ...]:
-    """The fp32 accumulators in row-major order (one gather at LMUL 8) to %[out]: row r in lanes 32 r.."""
-    return (AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
-            AsmOp("addi", f"addi t1, %[idx], {6 * HALF_LANES}"),
-            AsmOp("vle8", f"vl4re16.v v{G_PERM}, (t1)", "row-major order"),
-            AsmOp("vgather", f"vrgatherei16.vv v16, v{G_FACC}, v{G_PERM}"),
-            AsmOp("vse8", "vs8r.v v16, (%[out])", "the tile's 8 x 32 results"))
+    """The fp32 accumulators in row-major order (one gather at LMUL 8: row r in v(16 + r)), then row by row, cols
+    of them: plus %[addend]'s row (C's, a later K chunk; the bias, the first; %[astride] bytes apart) when there
+    is one, stored to C's row, until %[rows] rows are."""
+    ops = [AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
+           AsmOp("addi", f"addi t1, %[idx], {6 * HALF_LANES}"),
+           AsmOp("vle8", f"vl4re16.v v{G_PERM}, (t1)", "row-major order"),
+           AsmOp("vgather", f"vrgatherei16.vv v16, v{G_FACC}, v{G_PERM}"),
+           AsmOp("vset", "vsetvli t0, %[cols], e32, m1, ta, ma", "the tile's columns"),
+           AsmOp("mv", "mv t1, %[c]"), AsmOp("mv", "mv t2, %[addend]"), AsmOp("mv", "mv %[n], %[rows]", "rows left")]
+    for r in range(GEMM_FOLD_TILE[0]):
+        row = 16 + r
+        ops += [AsmOp("beqz", "beqz t2, 4f", "nothing to add"),
+                AsmOp("vle32", f"vle32.v v{G_PERM}, (t2)"), AsmOp("vfadd", f"vfadd.vv v{row}, v{row}, v{G_PERM}"),
+                AsmOp("add", "add t2, t2, %[astride]"), AsmOp("label", "4:"),
+                AsmOp("vse32", f"vse32.v v{row}, (t1)", f"row {r}")]
+        if r + 1 < GEMM_FOLD_TILE[0]:
+            ops += [AsmOp("addi", "addi %[n], %[n], -1"), AsmOp("beqz", "beqz %[n], 9f", "the tile's last row"),
+                    AsmOp("add", "add t1, t1, %[ldcb]")]
+    return (*ops, AsmOp("label", "9:"))
