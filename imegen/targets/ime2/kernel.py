@@ -396,9 +396,10 @@ def _spread(dest: int, idx: int, what: str) -> AsmOp:
 def gemm_fold(spec: KernelSpec, zp_default: int) -> tuple[AsmOp, ...]:
     """After a block's k loop: the int32 dots to fp32 (exact: |dot| <= block x 128 x 255 < 2^24), minus
     zp x sum(a) (exact too: an integer below 2^24, the fused multiply-subtract rounds it to itself), times
-    a_scale x b_scale into the fp32 accumulators (two roundings, as the C fold). The zero-point fix runs on the FP unit, which the integer
-    unit's unpack and gathers would otherwise outweigh; small vectors convert at LMUL 1. Each factor per column is
-    loaded once for the tile's 32 columns; the halves gather their own from it (G_IDX_COL, G_IDX_COL2)."""
+    a_scale x b_scale into the fp32 accumulators (two roundings, as the C fold). The zero-point fix runs on the
+    FP unit, which the integer unit's unpack and gathers would otherwise outweigh; small vectors convert at LMUL 1.
+    Each factor per column is loaded once for the tile's 32 columns; the halves gather their own from it
+    (G_IDX_COL, G_IDX_COL2)."""
     m1 = AsmOp("vset", "vsetvli t0, zero, e32, m1, ta, ma", "one register: 32 lanes")
     m4 = AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma", "a half: 128 lanes")
     rows8 = AsmOp("vset", "vsetivli t0, 8, e32, m1, ta, ma", "the tile's 8 rows")
