@@ -68,3 +68,11 @@ def quantize_lmul(spec: KernelSpec) -> int:
     so a block takes one pass of its loops and no vector instruction works on lanes past it (the A100's vector
     units take time by register group, not by vl)."""
     return min(8, max(1, spec.block // 32))
+
+
+def pair_code_order(spec: KernelSpec) -> tuple[int, ...]:
+    """templates/quantize_ime2.c.j2's pair_order (4-bit interleaved B, block 32): two blocks' codes (lane 32 b + k)
+    in the order one strided segment store of 16-byte segments a_step_bytes apart writes them. Segment s holds
+    16-k step s of the pair (block s // 2; even k for s even, odd k for s odd: _a_position), its first 8 bytes
+    from register `lo` (entries 0..31: 8 per segment), its last 8 from `hi` (entries 32..63)."""
+    return tuple(16 * half + 32 * (s // 2) + 2 * j + s % 2 for half in range(2) for s in range(4) for j in range(8))
