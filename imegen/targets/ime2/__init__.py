@@ -54,6 +54,9 @@ class Ime2Target(Target):
     def quantize_lmul(self, spec: KernelSpec) -> int:
         return layout.quantize_lmul(spec)
 
+    def pair_code_order(self, spec: KernelSpec) -> tuple[int, ...]:
+        return layout.pair_code_order(spec)
+
     def lower(self, spec: KernelSpec, pack):
         return ime2_plan(spec, pack)
 

@@ -212,7 +212,8 @@ def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
         r = allocate(spec, reserve=8)
         body, b_walk = _b_advance_to_block_end(loop_body(spec, r), iterations, b_walk, b_stride)
         entry = () if any(op.kind == "vset" for op in body) else (AsmOp("vset", ENTRY_VTYPE, "vmadot: LMUL 1"),)
-        in_regs = dict(facc_regs=((G_FACC,),), tile_start=gemm_tile_start(default_zero_point(spec)), acc_zero=entry,
+        in_regs = dict(facc_regs=((G_FACC,),), tile_start=gemm_tile_start(default_zero_point(spec)),
+                       acc_zero=(*gemm_block_zero(), *entry),
                        fold=gemm_fold(spec, default_zero_point(spec)), block_end=gemm_block_end(spec, pack, b_walk),
                        tile_end=gemm_tile_end(), index16=gemm_lane_tables(),
                        clobbers=tuple(f"v{x}" for x in range(VECTOR_REGISTERS)))
@@ -349,13 +350,19 @@ def gemv_tile_end(g: GemvRegisters) -> tuple[AsmOp, ...]:
 # --- gemm 8x32: the whole block loop in one asm statement, fp32 accumulators in registers -------------------
 #
 # v0-v7 the int32 accumulators (tile ni: v(2 ni) rows 0-3, v(2 ni + 1) rows 4-7, 8 columns each), v8-v15 the
-# fp32 ones in the same lanes, v16-v27 the k loop's A and B, then in the fold a row factor (v16-v19), a
-# column factor (v20-v23) and the loaded factors (v24, the gathers' source), v28-v31 two e16 lane tables.
-# The fold works on halves of 4 registers (tiles 0-1, 2-3): a factor per row or column of the block is loaded
-# contiguously and spread over a half's 128 lanes by one register gather.
+# fp32 ones in the same lanes, v16-v17 and v20-v27 the k loop's A and B, then in the fold the loaded factors
+# (v16, the gathers' source), a row factor (v20-v23) and a column factor (v24-v27); three e16 lane tables the
+# k loop leaves alone: lane -> row (v28-v29), lane -> column of the first half (v30-v31) and of the second
+# (v18-v19). The fold works on halves of 4 registers (tiles 0-1, 2-3): a factor per row or column of the block
+# is loaded contiguously (all 32 columns' in one register) and spread over a half's 128 lanes by one register
+# gather, each half's columns by its own table.
 
 GEMM_FOLD_TILE = (8, 32)
-G_FACC, G_ROW, G_COL, G_SRC, G_IDX_ROW, G_IDX_COL = 8, 16, 20, 24, 28, 30
+G_FACC, G_SRC, G_ROW, G_COL, G_IDX_ROW, G_IDX_COL, G_IDX_COL2 = 8, 16, 20, 24, 28, 30, 18
+G_TABLES = (G_IDX_ROW, G_IDX_ROW + 1, G_IDX_COL, G_IDX_COL + 1, G_IDX_COL2, G_IDX_COL2 + 1)
+G_PERM = 24  # the epilogue's row-major order table (e16, 4 registers), after the last block
+ZEROS_BYTES = 512  # v4-v7, the int32 accumulators gemm_block_zero loads
+ZEROS_AT = 2 * (3 * 128 + 256)  # their byte offset in gemm_lane_tables: after the row, two column and perm tables
 HALF_LANES = 128  # e32 lanes of 4 registers at VLEN 1024
 
 
@@ -363,17 +370,23 @@ def gemm_fold_in_registers(spec: KernelSpec) -> bool:
     """Does the gemm get the in-register fold: an 8x32 tile (its 16 accumulator registers, int32 and fp32,
     leave room for the k loop only there), fp32 scales ahead of each chunk (the fold loads 128 bytes from the
     B scales and zero points: inside the chunk), a k loop within v16-v27."""
-    return (spec.tile_m != 1 and (spec.tile_m, spec.tile_n) == GEMM_FOLD_TILE and spec.scale_type == "fp32"
-            and spec.scales == "inline" and allocate(spec, reserve=8).used <= G_IDX_ROW)
+    if not (spec.tile_m != 1 and (spec.tile_m, spec.tile_n) == GEMM_FOLD_TILE and spec.scale_type == "fp32"
+            and spec.scales == "inline"):
+        return False
+    r = allocate(spec, reserve=8)
+    k_loop = {*(x for row in r.a for x in (row if isinstance(row, list) else [row])),
+              *(x for g in r.raw for x in g), *(x for g in (r.low or []) for x in g)}
+    return r.used <= G_IDX_ROW and not k_loop & set(G_TABLES)
 
 
 def gemm_lane_tables() -> tuple[int, ...]:
-    """The e16 tables the asm loads: a half's lane -> row (0-7) and lane -> column (0-15), then the
-    row-major order of the fp32 accumulators' lanes (output (r, c) at entry 32 r + c) for the epilogue."""
+    """The e16 tables the asm loads: a half's lane -> row (0-7), the first half's lane -> column (0-15) and the
+    second's (16-31), then the row-major order of the fp32 accumulators' lanes (output (r, c) at entry
+    32 r + c) for the epilogue, then 512 bytes of zeros (gemm_block_zero loads half the accumulators' zeros)."""
     row = [4 * ((q // 32) % 2) + (q % 32) // 8 for q in range(HALF_LANES)]
     col = [8 * (q // 64) + q % 8 for q in range(HALF_LANES)]
     perm = [(2 * (c // 8) + r // 4) * 32 + (r % 4) * 8 + c % 8 for r in range(8) for c in range(32)]
-    return (*row, *col, *perm)
+    return (*row, *col, *(c + 16 for c in col), *perm, *([0] * (ZEROS_BYTES // 2)))
 
 
 def _spread(dest: int, idx: int, what: str) -> AsmOp:
@@ -383,9 +396,10 @@ def _spread(dest: int, idx: int, what: str) -> AsmOp:
 def gemm_fold(spec: KernelSpec, zp_default: int) -> tuple[AsmOp, ...]:
     """After a block's k loop: the int32 dots to fp32 (exact: |dot| <= block x 128 x 255 < 2^24), minus
     zp x sum(a) (exact too: an integer below 2^24, the fused multiply-subtract rounds it to itself), times
-    a_scale x b_scale into the fp32 accumulators (two roundings, as the C fold); the int32 accumulators zeroed
-    for the next block, half on each vector unit. The zero-point fix runs on the FP unit, which the integer
-    unit's unpack and gathers would otherwise outweigh; small vectors convert and slide at LMUL 1."""
+    a_scale x b_scale into the fp32 accumulators (two roundings, as the C fold). The zero-point fix runs on the
+    FP unit, which the integer unit's unpack and gathers would otherwise outweigh; small vectors convert at LMUL 1.
+    Each factor per column is loaded once for the tile's 32 columns; the halves gather their own from it
+    (G_IDX_COL, G_IDX_COL2)."""
     m1 = AsmOp("vset", "vsetvli t0, zero, e32, m1, ta, ma", "one register: 32 lanes")
     m4 = AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma", "a half: 128 lanes")
     rows8 = AsmOp("vset", "vsetivli t0, 8, e32, m1, ta, ma", "the tile's 8 rows")
@@ -394,30 +408,29 @@ def gemm_fold(spec: KernelSpec, zp_default: int) -> tuple[AsmOp, ...]:
            AsmOp("vfcvt", f"vfcvt.f.x.v v{G_SRC}, v{G_SRC}", "exact"), m4, _spread(G_ROW, G_IDX_ROW, "sum(a) by row")]
     if spec.zero_point == "asymmetric":
         ops += [AsmOp("vle8", f"vl1re8.v v{G_COL}, (%[zp])", "B's zero points"), m1,
-                AsmOp("vzext", f"vzext.vf4 v{G_SRC}, v{G_COL}"), AsmOp("vfcvt", f"vfcvt.f.xu.v v{G_SRC}, v{G_SRC}")]
-        for half in range(2):
-            if half:
-                ops += [m1, AsmOp("vslide", f"vslidedown.vi v{G_SRC}, v{G_SRC}, 16", "columns 16.. to lane 0")]
-            ops += [m4, _spread(G_COL, G_IDX_COL, "zp by column"),
+                AsmOp("vzext", f"vzext.vf4 v{G_SRC}, v{G_COL}"), AsmOp("vfcvt", f"vfcvt.f.xu.v v{G_SRC}, v{G_SRC}"), m4]
+        for half, idx in enumerate((G_IDX_COL, G_IDX_COL2)):
+            ops += [_spread(G_COL, idx, "zp by column"),
                     AsmOp("vfnmsac", f"vfnmsac.vv v{4 * half}, v{G_COL}, v{G_ROW}", "- zp * sum(a)")]
     else:
         ops += [AsmOp("vfnmsac", f"vfnmsac.vf v{4 * half}, ft2, v{G_ROW}", f"- {zp_default} * sum(a)") for half in range(2)]
     ops += [rows8, AsmOp("vle32", f"vle32.v v{G_SRC}, (%[sa])", "the rows' A scales of the block"), m4,
             _spread(G_ROW, G_IDX_ROW, "a_scale by row")]
-    for half in range(2):
-        ops += _offset_load("vl1re32.v", G_SRC, "%[sb]", 64 * half, f"B scales of columns {16 * half}..")
-        ops += [_spread(G_COL, G_IDX_COL, "b_scale by column"),
+    ops.append(AsmOp("vle8", f"vl1re32.v v{G_SRC}, (%[sb])", "the 32 columns' B scales"))
+    for half, idx in enumerate((G_IDX_COL, G_IDX_COL2)):
+        ops += [_spread(G_COL, idx, "b_scale by column"),
                 AsmOp("vfmul", f"vfmul.vv v{G_COL}, v{G_COL}, v{G_ROW}", "a_scale x b_scale"),
                 AsmOp("vfmacc", f"vfmacc.vv v{G_FACC + 4 * half}, v{4 * half}, v{G_COL}", "facc += dot x scale")]
-    ops += [AsmOp("vmv", "vmv.v.i v0, 0", "int32 accumulators = 0 for the next block: half on the integer unit,"),
-            AsmOp("vfmv", "vfmv.v.f v4, ft1", "half on the FP unit (+0.0f's bits)")]
-    return tuple(ops)
+    return tuple(ops)  # under e32, LMUL 4, as gemm_block_zero needs
 
 
-def _offset_load(mnemonic_: str, reg: int, ptr: str, offset: int, what: str) -> list[AsmOp]:
-    if not offset:
-        return [AsmOp("vle8", f"{mnemonic_} v{reg}, ({ptr})", what)]
-    return [AsmOp("addi", f"addi t1, {ptr}, {offset}"), AsmOp("vle8", f"{mnemonic_} v{reg}, (t1)", what)]
+def gemm_block_zero() -> tuple[AsmOp, ...]:
+    """A block's int32 accumulators = 0 as it starts (not after each fold: the tile's last block would zero them
+    for nothing), under e32 LMUL 4 (the tile start's or the previous fold's): half on the integer unit, half
+    loaded from zeros (t2, gemm_tile_start): the fold keeps the integer and FP units about equally busy and the
+    load unit has room, where a second vector move would add to one of them."""
+    return (AsmOp("vmv", "vmv.v.i v0, 0", "int32 accumulators = 0: half on the integer unit,"),
+            AsmOp("vle8", "vl4re8.v v4, (t2)", f"half loaded ({ZEROS_BYTES} zero bytes)"))
 
 
 def gemm_block_end(spec: KernelSpec, pack, b_walk: int) -> tuple[AsmOp, ...]:
@@ -433,18 +446,34 @@ def gemm_block_end(spec: KernelSpec, pack, b_walk: int) -> tuple[AsmOp, ...]:
 def gemm_tile_start(zp_default: int) -> tuple[AsmOp, ...]:
     return (AsmOp("fmv", "fmv.w.x ft1, zero", "+0.0f"),
             AsmOp("li", f"li t2, {zp_default}"), AsmOp("fcvt", "fcvt.s.w ft2, t2", "the zero point without stored ones"),
+            AsmOp("addi", f"addi t2, %[idx], {ZEROS_AT}", "zeros for gemm_block_zero"),
             AsmOp("vle8", f"vl2re16.v v{G_IDX_ROW}, (%[idx])", "lane -> row"),
             AsmOp("addi", f"addi t1, %[idx], {2 * HALF_LANES}"),
-            AsmOp("vle8", f"vl2re16.v v{G_IDX_COL}, (t1)", "lane -> column"),
+            AsmOp("vle8", f"vl2re16.v v{G_IDX_COL}, (t1)", "lane -> column, columns 0-15"),
+            AsmOp("addi", f"addi t1, %[idx], {4 * HALF_LANES}"),
+            AsmOp("vle8", f"vl2re16.v v{G_IDX_COL2}, (t1)", "lane -> column, columns 16-31"),
             AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
-            AsmOp("vmv", "vmv.v.i v0, 0", "int32 accumulators"),
-            AsmOp("vmv", f"vmv.v.i v{G_FACC}, 0", "fp32 accumulators: +0.0f"))
+            AsmOp("vfmv", f"vfmv.v.f v{G_FACC}, ft1", "fp32 accumulators: +0.0f (on the FP unit: the integer unit is the busier)"),
+            AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma", "gemm_block_zero's vtype"))
 
 
 def gemm_tile_end() -> tuple[AsmOp, ...]:
-    """The fp32 accumulators in row-major order (one gather at LMUL 8) to %[out]: row r in lanes 32 r.."""
-    return (AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
-            AsmOp("addi", f"addi t1, %[idx], {4 * HALF_LANES}"),
-            AsmOp("vle8", f"vl4re16.v v{G_SRC}, (t1)", "row-major order"),
-            AsmOp("vgather", f"vrgatherei16.vv v16, v{G_FACC}, v{G_SRC}"),
-            AsmOp("vse8", "vs8r.v v16, (%[out])", "the tile's 8 x 32 results"))
+    """The fp32 accumulators in row-major order (one gather at LMUL 8: row r in v(16 + r)), then row by row, cols
+    of them: plus %[addend]'s row (C's, a later K chunk; the bias, the first; %[astride] bytes apart) when there
+    is one, stored to C's row, until %[rows] rows are."""
+    ops = [AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
+           AsmOp("addi", f"addi t1, %[idx], {6 * HALF_LANES}"),
+           AsmOp("vle8", f"vl4re16.v v{G_PERM}, (t1)", "row-major order"),
+           AsmOp("vgather", f"vrgatherei16.vv v16, v{G_FACC}, v{G_PERM}"),
+           AsmOp("vset", "vsetvli t0, %[cols], e32, m1, ta, ma", "the tile's columns"),
+           AsmOp("mv", "mv t1, %[c]"), AsmOp("mv", "mv t2, %[addend]"), AsmOp("mv", "mv %[n], %[rows]", "rows left")]
+    for r in range(GEMM_FOLD_TILE[0]):
+        row = 16 + r
+        ops += [AsmOp("beqz", "beqz t2, 4f", "nothing to add"),
+                AsmOp("vle32", f"vle32.v v{G_PERM}, (t2)"), AsmOp("vfadd", f"vfadd.vv v{row}, v{row}, v{G_PERM}"),
+                AsmOp("add", "add t2, t2, %[astride]"), AsmOp("label", "4:"),
+                AsmOp("vse32", f"vse32.v v{row}, (t1)", f"row {r}")]
+        if r + 1 < GEMM_FOLD_TILE[0]:
+            ops += [AsmOp("addi", "addi %[n], %[n], -1"), AsmOp("beqz", "beqz %[n], 9f", "the tile's last row"),
+                    AsmOp("add", "add t1, t1, %[ldcb]")]
+    return (*ops, AsmOp("label", "9:"))

@@ -64,7 +64,15 @@ def a_scale_group(spec: KernelSpec) -> int:
 
 
 def quantize_lmul(spec: KernelSpec) -> int:
-    """LMUL of the A quantizer's fp32 groups: at VLEN 1024 an LMUL-4 group holds 128 floats and an LMUL-8
-    one 256, so a block takes one pass of its loops (quantize_block_to's int8 types need LMUL 4 or 8)."""
-    return 8 if spec.block > 128 else 4
+    """LMUL of the A quantizer's fp32 groups: the least that holds a block at VLEN 1024 (32 floats per register),
+    so a block takes one pass of its loops and no vector instruction works on lanes past it (the A100's vector
+    units take time by register group, not by vl)."""
+    return min(8, max(1, spec.block // 32))
 
+
+def pair_code_order(spec: KernelSpec) -> tuple[int, ...]:
+    """templates/quantize_ime2.c.j2's pair_order (4-bit interleaved B, block 32): two blocks' codes (lane 32 b + k)
+    in the order one strided segment store of 16-byte segments a_step_bytes apart writes them. Segment s holds
+    16-k step s of the pair (block s // 2; even k for s even, odd k for s odd: _a_position), its first 8 bytes
+    from register `lo` (entries 0..31: 8 per segment), its last 8 from `hi` (entries 32..63)."""
+    return tuple(16 * half + 32 * (s // 2) + 2 * j + s % 2 for half in range(2) for s in range(4) for j in range(8))
