@@ -676,12 +676,12 @@ def test_check_reports_a_run_that_dies_as_a_failed_row(monkeypatch):
 
 
 def test_a_slice_writing_into_its_neighbour_is_caught(monkeypatch):
-    """The driver runs column slices last first, so a matmul_prepared that writes one column past its slice
-    lands on a finished slice and the comparison fails (run first to last, the next slice hid it). Here the
-    middle one of three slices does (the second call either way)."""
+    """The driver runs column slices last first, so a matmul_prepared_then (what it calls per slice) that writes
+    one column past its slice lands on a finished slice and the comparison fails (run first to last, the next slice
+    hid it). Here the middle one of three slices does (the second call either way)."""
     from imegen import verify
 
-    _patch_kernel(monkeypatch, "matmul_prepared", "    static int calls;\n    if (++calls == 2)\n        C[N] = 12345.0f;\n")
+    _patch_kernel(monkeypatch, "matmul_prepared_then", "    static int calls;\n    if (++calls == 2)\n        C[N] = 12345.0f;\n")
     plan = plan_kernel(specs_from_text("kernel k { op = gemm  target = scalar  tile = 2x8  panel = 8 }")[0])
     case = dataclasses.replace(make_cases(plan, np.random.default_rng(0), [(3, 30, 40)], exact=False)[0], ldc_pad=0, slices=3)
     [result] = run_cases(verify.build(plan), [case], vlen=256)
