@@ -172,3 +172,22 @@ def test_gated_up_projection_on_the_fallback(runs, monkeypatch, vlen):
     for out, want in zip(got, stock):
         assert (np.abs(out["Y"] - want["Y"]) <= allowed_vs_stock(want)).all()
     assert stats["vmadots"] == 0 and stats["fb"] > 0 and stats["slices_fallback"] > 0
+
+
+@needs_qemu
+def test_gated_up_projection_slice_by_slice_on_the_fallback(runs, monkeypatch):
+    """IME harts that no thread can reach (IMEGEN_IME_HARTS names a hart this machine lacks): the node keeps its
+    IME kernels, and each slice falls back to the RVV kernel on its own, which has no prepared workspace to hand an
+    epilogue and gates its output after its matmul. Tight against the same fallback's unfused g and u."""
+    tmp, lib, feeds, stock, _ = runs
+    monkeypatch.setenv("IMEGEN_IME_HARTS", "63")
+    with RiscvSession(tmp / "unfused.onnx", "1.23", custom_ops=lib, threads=2) as s:
+        parts = [s.run(f) for f in feeds]
+    with RiscvSession(tmp / "fused.onnx", "1.23", custom_ops=lib, threads=2) as s:
+        got = [s.run(f) for f in feeds]
+        stats = parse_stats(s.stats())
+    for out, mine, want in zip(got, parts, stock):
+        tight = silu_times(mine["gate"], mine["up"])
+        assert np.abs(out["Y"] - tight).max() <= RTOL * (1 + np.abs(tight).max())
+        assert (np.abs(out["Y"] - want["Y"]) <= allowed_vs_stock(want)).all()
+    assert stats["vmadots"] == 0 and stats["slices_on_ime"] == 0 and stats["slices_fallback"] > 0 and stats["fb"] > 0
