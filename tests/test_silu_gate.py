@@ -191,3 +191,20 @@ def test_gated_up_projection_slice_by_slice_on_the_fallback(runs, monkeypatch):
         assert np.abs(out["Y"] - tight).max() <= RTOL * (1 + np.abs(tight).max())
         assert (np.abs(out["Y"] - want["Y"]) <= allowed_vs_stock(want)).all()
     assert stats["vmadots"] == 0 and stats["slices_on_ime"] == 0 and stats["slices_fallback"] > 0 and stats["fb"] > 0
+
+
+@needs_qemu
+def test_a_gate_not_shaped_as_the_output_fails_the_run(runs, tmp_path):
+    """The gate is read element for element with Y: one of Y's element count in another shape is refused, named."""
+    from imegen.ort.riscv import OrtError
+
+    _, lib, *_ = runs
+    model, _ = accelerated(mlp(np.random.default_rng(5)), imegen.load_spec(SPEC))
+    del model.graph.node[0]  # gate_proj: the gate becomes a graph input
+    model.graph.input.append(helper.make_tensor_value_info("gate", TensorProto.FLOAT, ["A", "B"]))
+    onnx.save(model, tmp_path / "m.onnx")
+    x = np.ones((5, K), np.float32)
+    with RiscvSession(tmp_path / "m.onnx", "1.23", custom_ops=lib) as s:
+        assert s.run({"X": x, "gate": np.zeros((5, N), np.float32)})["Y"].shape == (5, N)
+        with pytest.raises(OrtError, match=r"node 'up_proj': the gate's shape is not the output's"):
+            s.run({"X": x, "gate": np.zeros((N, 5), np.float32)})

@@ -626,18 +626,22 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
             return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': bias has %zu elements, expected N = %zu", n->name,
                         bcount, n->N);
     }
-    if (n->gated) {
+    dims[rank - 1] = (int64_t)n->N;
+    if (n->gated) { /* the gate is read as Y's elements: it must have Y's shape */
         OrtTensorTypeAndShapeInfo *gshape;
-        size_t gcount = 0;
+        size_t grank = 0;
+        int64_t gdims[16];
         TRY(ort->GetTensorTypeAndShape(gate_value, &gshape));
-        st = ort->GetTensorShapeElementCount(gshape, &gcount);
+        st = ort->GetDimensionsCount(gshape, &grank);
+        if (!st && grank == rank) st = ort->GetDimensions(gshape, gdims, grank);
         ort->ReleaseTensorTypeAndShapeInfo(gshape);
         if (st) return st;
-        if (gcount != M * n->N)
-            return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': the gate has %zu elements, expected M x N = %zu",
-                        n->name, gcount, M * n->N);
+        int same = grank == rank;
+        for (size_t i = 0; same && i < rank; i++) same = gdims[i] == dims[i];
+        if (!same)
+            return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': the gate's shape is not the output's (A's leading "
+                        "dimensions, then N = %zu)", n->name, n->N);
     }
-    dims[rank - 1] = (int64_t)n->N;
     OrtValue *c_value;
     TRY(ort->KernelContext_GetOutput(ctx, 0, dims, rank, &c_value));
     if (M == 0) return NULL;
