@@ -251,8 +251,8 @@ def rewrite_decoder_ops(model, *, attention: bool = True, apply: bool = True) ->
             else:
                 decisions.append(DecoderDecision(name, "SiluMul", not why,
                                                  why or "imegen rvv fp32 (Sigmoid, Mul, Mul fused)"))
-            if not why and up is None:
-                fusions.append(pattern)
+                if not why:
+                    fusions.append(pattern)
     if apply:
         for node in moves:
             MOVES[node.op_type](node)

@@ -154,12 +154,13 @@ def _silu_triples(graph, consumers) -> list[tuple]:
     return out
 
 
-def _gated(triple: tuple, producer: dict, engine_graph) -> tuple:
+def _gated(triple: tuple, producer: dict, engine_nodes: dict) -> tuple:
     """A SiLU triple with the up projection's MatMulNBits in front when the engine runs them as one node (imegen's
-    decoder operators fold the SiLU into that node's gate input: decoder_ops.py), else the triple."""
+    decoder operators fold the SiLU into that node's gate input: decoder_ops.py), else the triple.
+    engine_nodes: the engine's graph nodes by name."""
     sigmoid, gate_mul, up_mul = triple
     up = producer.get(next(i for i in up_mul.input if i != gate_mul.output[0]))
-    mine = {n.name: n for n in engine_graph.node}.get(up.name) if up is not None else None
+    mine = engine_nodes.get(up.name) if up is not None else None
     if mine is not None and mine.op_type == "MatMulNBits" and len(mine.input) > GATE_INPUT and mine.input[GATE_INPUT]:
         return (up, *triple)
     return triple
@@ -178,11 +179,11 @@ def _bias_pairs(graph, consumers) -> list[tuple]:
     return pairs
 
 
-def _bias_taken(pair: tuple, engine_graph) -> bool:
+def _bias_taken(pair: tuple, nodes: dict) -> bool:
     """Whether the engine runs a bias pair of the model as one node: ORT fuses it where the MatMulNBits stayed
-    com.microsoft; imegen ort-accelerate folded the Add into its MatMulNBits in the file (the Add is gone)."""
+    com.microsoft; imegen ort-accelerate folded the Add into its MatMulNBits in the file (the Add is gone).
+    nodes: the engine's graph nodes by name."""
     mm, add = pair
-    nodes = {n.name: n for n in engine_graph.node}
     if mm.name not in nodes:
         return False
     return add.name not in nodes or nodes[mm.name].domain == MS
@@ -208,8 +209,9 @@ def partition(model, engine_model) -> list[Unit]:
     consumers = graph_consumers(graph)
     folded = folded_nodes(graph)
     producer = {o: n for n in graph.node for o in n.output if o}
-    groups = [_gated(t, producer, engine_model.graph) for t in _silu_triples(graph, consumers)]
-    groups += [pair for pair in _bias_pairs(graph, consumers) if _bias_taken(pair, engine_model.graph)]
+    engine_nodes = {n.name: n for n in engine_model.graph.node}
+    groups = [_gated(t, producer, engine_nodes) for t in _silu_triples(graph, consumers)]
+    groups += [pair for pair in _bias_pairs(graph, consumers) if _bias_taken(pair, engine_nodes)]
     group_of = {n.name: g for g in groups for n in g}
     units, seen = [], set()
     for n in graph.node:
