@@ -20,7 +20,7 @@ import shlex
 import shutil
 import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -43,6 +43,12 @@ IME_HARTS_ENV = "IMEGEN_IME_HARTS"  # which harts execute vmadot: "0-3", "0,2", 
 MARCHID_X60 = 0x8000000058000001
 MARCHID_A60 = 0x8000000041000001
 K1_IME_HARTS = (0, 1, 2, 3)
+# The K3: its A100 cores (IME2, VLEN 1024) report this marchid beside the X100 ones (VLEN 256, no IME2), and a
+# thread becomes an A100 thread by writing its id to the routing file (llama.cpp's ggml-cpu/spacemit ime_env.cpp
+# and ime.cpp); where the file is absent, the program is pinned to those harts instead.
+MARCHID_A100 = 0x8000000041000002
+A100_ROUTE_FILE = "/proc/set_ai_thread"
+MATRIX_ISAS = {MARCHID_A60: "IME", MARCHID_A100: "IME2"}  # how refusals name the matrix ISA of a marchid
 
 
 def qemu_cpu(vlen: int | None = 256, *, zfh: bool = True) -> str:
@@ -95,26 +101,57 @@ class HostError(ToolchainError):
 
 
 @dataclass(frozen=True)
+class MatrixHarts:
+    """Where this machine runs the programs of one matrix ISA (the marchid of the cores that have it)."""
+
+    marchid: int
+    harts: tuple[int, ...] = ()  # none: no hart here has it
+    vlen: int | None = None  # those harts' VLEN (a K3's A100 harts have 1024, its other harts 256)
+    route_file: str = ""  # written with a thread's id to make it a thread of those harts ("": pin to them)
+
+    def prefix(self) -> list[str]:
+        """The command prefix that runs a program on these harts: through the routing file where this machine
+        has it (the program's own pid, then exec), else pinned with taskset."""
+        if self.route_file and Path(self.route_file).exists():
+            return ["sh", "-c", f'echo $$ > {self.route_file} && exec "$@"', "sh"]
+        return ["taskset", "-c", hart_list(self.harts)]
+
+
+@dataclass(frozen=True)
 class Host:
     """The machine imegen runs on, as far as building and running riscv64 programs goes."""
 
     machine: str  # platform.machine()
     vlen: int | None = None  # riscv64: the hart's VLEN in bits (None: no V)
-    ime_harts: tuple[int, ...] = ()  # riscv64: the harts that execute vmadot
+    ime_harts: tuple[int, ...] = ()  # riscv64: the harts that execute the K1's IME vmadot
     qemu: bool = False  # riscv64: qemu-riscv64 is installed, for the programs the hart cannot run
+    matrix: tuple[MatrixHarts, ...] = ()  # riscv64: the harts of other matrix ISAs found here (a K3's IME2)
 
     @property
     def native(self) -> bool:
         """True on a riscv64 machine: native compilers, programs run natively where the hart can."""
         return self.machine == "riscv64"
 
-    def cannot_run(self, vlen: int | None, ime: bool) -> str | None:
-        """Why this machine's hart cannot run a program needing `vlen` (None: any) and IME (None: it can)."""
-        if ime and not self.ime_harts:
-            return "the program uses IME (vmadot) and no hart of this machine has it"
-        if vlen is not None and vlen != self.vlen:
-            have = f"VLEN {self.vlen}" if self.vlen else "no vector unit (V)"
-            return f"the program needs a hart with VLEN {vlen} and this machine's has {have}"
+    def matrix_harts(self, marchid: int) -> MatrixHarts:
+        """Where the matrix ISA of the cores reporting `marchid` runs here (MARCHID_A60: the K1's IME, on
+        `ime_harts` at this hart's VLEN)."""
+        if marchid == MARCHID_A60:
+            return MatrixHarts(marchid, self.ime_harts, self.vlen)
+        return next((m for m in self.matrix if m.marchid == marchid), MatrixHarts(marchid))
+
+    def cannot_run(self, vlen: int | None, ime: bool, marchid: int = MARCHID_A60) -> str | None:
+        """Why this machine cannot run natively a program needing `vlen` (None: any) and, if `ime`, the matrix ISA
+        of `marchid`'s cores (None: it can)."""
+        have_vlen, whose = self.vlen, "this machine's has"
+        if ime:
+            isa = MATRIX_ISAS.get(marchid, f"the matrix ISA of marchid {marchid:#x}")
+            where = self.matrix_harts(marchid)
+            if not where.harts:
+                return f"the program uses {isa} (vmadot) and no hart of this machine has it"
+            have_vlen, whose = where.vlen, f"this machine's {isa} harts have"
+        if vlen is not None and vlen != have_vlen:
+            have = f"VLEN {have_vlen}" if have_vlen else "no vector unit (V)"
+            return f"the program needs a hart with VLEN {vlen} and {whose} {have}"
         return None
 
 
@@ -125,8 +162,18 @@ def current_host() -> Host:
     if machine != "riscv64":
         return Host(machine)
     cpuinfo = _read_cpuinfo()
-    return Host(machine, vlen=hart_vlen(cpuinfo), ime_harts=ime_harts(cpuinfo, os.environ.get(IME_HARTS_ENV)),
-                qemu=shutil.which(QEMU) is not None)
+    override = os.environ.get(IME_HARTS_ENV)
+    return Host(machine, vlen=hart_vlen(cpuinfo), ime_harts=ime_harts(cpuinfo, override),
+                qemu=shutil.which(QEMU) is not None, matrix=_k3_matrix(cpuinfo, override))
+
+
+def _k3_matrix(cpuinfo: str, override: str | None) -> tuple[MatrixHarts, ...]:
+    """A K3's A100 harts (IME2) and their VLEN, probed on them; () where no hart reports the A100's marchid."""
+    harts = ime_harts(cpuinfo, override, MARCHID_A100)
+    if not harts or not isa_has_v(cpuinfo):
+        return ()
+    where = MatrixHarts(MARCHID_A100, harts, route_file=A100_ROUTE_FILE)
+    return (replace(where, vlen=_probe_vlen(where.prefix())),)
 
 
 def _read_cpuinfo() -> str:
@@ -155,11 +202,14 @@ int main(void) {
 
 def hart_vlen(cpuinfo: str) -> int | None:
     """The hart's VLEN in bits, read by a probe program (None: no V, or the probe could not run)."""
-    if not isa_has_v(cpuinfo):
-        return None
+    return _probe_vlen([]) if isa_has_v(cpuinfo) else None
+
+
+def _probe_vlen(prefix: list[str]) -> int | None:
+    """VLEN as the probe program reads it, run behind `prefix` (e.g. pinned to some harts); None if it cannot run."""
     try:
         exe = _vlen_probe()
-        out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30)
+        out = subprocess.run([*prefix, str(exe)], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError, ToolchainError):
         return None
     return int(out.stdout) if out.returncode == 0 and out.stdout.strip().isdigit() and int(out.stdout) else None
@@ -315,19 +365,21 @@ def _on_named_ime_harts(ime: bool) -> list[str]:
     return ["taskset", "-c", hart_list(harts)]
 
 
-def launch(exe: str, *, vlen: int | None = 256, ime: bool = False, host: bool = False) -> list[str]:
+def launch(exe: str, *, vlen: int | None = 256, ime: bool = False, host: bool = False,
+           marchid: int = MARCHID_A60) -> list[str]:
     """The command that runs riscv64 program `exe` on a hart of `vlen` (None: any; under QEMU its default)
-    that has IME if `ime`: qemu-riscv64 on another machine; on a riscv64 one, the program itself where the
-    hart can run it (IME programs pinned to the IME harts), else qemu-riscv64, else a HostError saying why.
+    that has, if `ime`, the matrix ISA of the cores reporting `marchid` (the K1's IME by default; MARCHID_A100:
+    the K3's IME2): qemu-riscv64 on another machine; on a riscv64 one, the program itself where a hart can run
+    it (matrix programs pinned or routed to those harts), else qemu-riscv64, else a HostError saying why.
     host=True: `exe` was built for this machine."""
     if host:
         return [exe]
     here = current_host()
     if not here.native:
         return _on_named_ime_harts(ime) + [QEMU, "-L", str(SYSROOT), "-cpu", qemu_cpu(vlen), exe]
-    why = here.cannot_run(vlen, ime)
+    why = here.cannot_run(vlen, ime, marchid)
     if why is None:
-        return (["taskset", "-c", hart_list(here.ime_harts)] if ime else []) + [exe]
+        return (here.matrix_harts(marchid).prefix() if ime else []) + [exe]
     if here.qemu:  # built against this machine's own libc: no -L
         return [QEMU, "-cpu", qemu_cpu(vlen), exe]
     raise HostError(f"not run on this machine: {why}, and {QEMU} is not installed to emulate such a hart "
@@ -335,16 +387,17 @@ def launch(exe: str, *, vlen: int | None = 256, ime: bool = False, host: bool = 
 
 
 def run(exe: Path, args: Sequence[str] = (), *, vlen: int | None = 256, ime: bool = False, host: bool = False,
-        input: bytes | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+        marchid: int = MARCHID_A60, input: bytes | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run `exe` (see launch: under qemu-riscv64, natively on a riscv64 hart that can, or natively if
     host=True) and return the completed process.
 
-    vlen=None keeps QEMU's default VLEN. ime=True: the program executes vmadot (matters on riscv64 hosts).
+    vlen=None keeps QEMU's default VLEN. ime=True: the program executes vmadot, of the matrix ISA of the cores
+    reporting `marchid` (matters on riscv64 hosts).
     stdout/stderr are returned as bytes. Raises ToolchainError on non-zero exit, death by signal or timeout,
     and HostError (nothing ran) where this machine cannot run it.
     """
     exe = str(Path(exe).resolve())  # a bare name would be looked up on PATH
-    cmd = launch(exe, vlen=vlen, ime=ime, host=host) + list(args)
+    cmd = launch(exe, vlen=vlen, ime=ime, host=host, marchid=marchid) + list(args)
     try:
         proc = _spawn(cmd, input=input, timeout=timeout)
     except subprocess.TimeoutExpired as e:

@@ -134,10 +134,12 @@ def run_cases(b: Build, cases: list[Case], *, vlen: int | None = 256) -> list[Re
         inp, outp = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
         inp.write_bytes(_encode(b.plan, cases))
         ime = b.plan.target.needs_ime
-        toolchain.run(b.exe, [str(inp), str(outp)], vlen=vlen, host=b.host, ime=ime)
+        marchid = b.plan.target.ime_harts.marchid if ime else toolchain.MARCHID_A60  # whose cores have its vmadot
+        toolchain.run(b.exe, [str(inp), str(outp)], vlen=vlen, host=b.host, ime=ime, marchid=marchid)
         raw = outp.read_bytes()
     # On a riscv64 machine with IME the program runs natively and no vmadot traps: nothing counts them.
-    counted = not ime or toolchain.QEMU in toolchain.launch(str(b.exe), vlen=vlen, ime=True, host=b.host)
+    counted = not ime or toolchain.QEMU in toolchain.launch(str(b.exe), vlen=vlen, ime=True, host=b.host,
+                                                            marchid=marchid)
     results, pos = [], 0
     for c in cases:
         M, N, _ = c.shape

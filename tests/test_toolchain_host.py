@@ -257,3 +257,80 @@ def test_native_ime_runs_are_checked_without_the_emulators_vmadot_count(monkeypa
         real_launch(str(exe), vlen=kw.get("vlen", 256)) + list(args), check=True, capture_output=True))
     (native,) = verify.run_cases(build, [case])
     assert not native.vmadots_counted and verify.compare(plan, case, replace(native, vmadots=0)).ok
+
+
+# ------------------------------------------------------------------------------------------- a K3, simulated
+X100, A100 = "0x8000000058000002", f"{toolchain.MARCHID_A100:#x}"
+K3_CPUINFO = cpuinfo([X100] * 8 + [A100] * 8)  # X100 harts 0-7 (VLEN 256), A100 harts 8-15 (IME2, VLEN 1024)
+K3_IME2 = toolchain.MatrixHarts(toolchain.MARCHID_A100, tuple(range(8, 16)), 1024, "/nonexistent/set_ai_thread")
+K3 = Host("riscv64", vlen=256, ime_harts=(), qemu=True, matrix=(K3_IME2,))
+A100_ID = toolchain.MARCHID_A100
+
+
+def test_the_ime2_targets_harts_are_the_ones_the_host_looks_for():
+    """The K3's marchid and routing file, as the custom-op library reads them (the target) and as imegen check
+    runs on a K3 (the host): the same."""
+    from imegen import targets
+    k3 = targets.get("ime2").ime_harts
+    assert (k3.marchid, k3.route_file) == (toolchain.MARCHID_A100, toolchain.A100_ROUTE_FILE)
+    assert targets.get("ime").ime_harts.marchid == toolchain.MARCHID_A60
+
+
+@pytest.mark.parametrize("host, vlen, ime, marchid, expected", [
+    (K3, 1024, True, A100_ID, ["taskset", "-c", "8-15", EXE]),        # IME2: on the A100 harts, natively
+    (K3, 256, False, A100_ID, [EXE]),                                  # RVV at the X100s' VLEN: natively
+    (K3, 1024, False, A100_ID, QEMU_AT(1024)),                         # VLEN 1024 without IME2: not guessed
+    (K3, 256, True, toolchain.MARCHID_A60, QEMU_AT(256)),              # the K1's IME on a K3: emulated
+    (K3, 256, True, A100_ID, QEMU_AT(256)),                            # IME2 at another VLEN than the A100s'
+    (K1, 1024, True, A100_ID, QEMU_AT(1024)),                          # IME2 on a K1: emulated
+], ids=["ime2", "rvv-x100", "vlen1024-no-ime", "ime1-on-k3", "ime2-vlen256", "ime2-on-k1"])
+def test_k3_launch(on, host, vlen, ime, marchid, expected):
+    on(host)
+    assert toolchain.launch(EXE, vlen=vlen, ime=ime, marchid=marchid) == expected
+
+
+def test_k3_launch_routes_through_the_kernels_file_where_it_exists(on, tmp_path):
+    """Where the K3's kernel has its routing file, the program writes its own pid there, then execs: it becomes
+    an A100 thread as llama.cpp's threads do; the arguments follow the program."""
+    route = tmp_path / "set_ai_thread"
+    route.write_text("")
+    on(replace(K3, matrix=(replace(K3_IME2, route_file=str(route)),)))
+    cmd = toolchain.launch(EXE, vlen=1024, ime=True, marchid=A100_ID) + ["in", "out"]
+    assert cmd[:2] == ["sh", "-c"] and cmd[3:] == ["sh", EXE, "in", "out"]
+    out = subprocess.run(["sh", "-c", cmd[2], "sh", "echo", "ran"], capture_output=True, text=True, check=True)
+    assert out.stdout == "ran\n" and route.read_text().strip().isdigit()  # the pid that then became `echo`
+
+
+@pytest.mark.parametrize("host, vlen, reason", [
+    (replace(K3, qemu=False, matrix=()), 1024, "uses IME2 (vmadot) and no hart of this machine has it"),
+    (replace(K3, qemu=False), 512, "needs a hart with VLEN 512 and this machine's IME2 harts have VLEN 1024"),
+])
+def test_k3_refuses_what_no_hart_can_run_without_qemu(on, spawned, host, vlen, reason):
+    on(host)
+    with pytest.raises(HostError, match=re.escape(reason)):
+        toolchain.run(Path(EXE), ["in", "out"], vlen=vlen, ime=True, marchid=A100_ID)
+    assert spawned == []
+
+
+def test_current_host_on_a_simulated_k3(monkeypatch, tmp_path):
+    """A K3's detection: the X100 harts' VLEN from the unpinned probe, the A100 harts from their marchid and
+    their VLEN from the probe run on them (here a fake probe that answers by how it was started), no K1 IME."""
+    probe = tmp_path / "probe"
+    probe.write_text("#!/bin/sh\necho 256\n")
+    probe.chmod(0o755)
+    monkeypatch.setattr(toolchain.platform, "machine", lambda: "riscv64")
+    monkeypatch.setattr(toolchain, "_read_cpuinfo", lambda: K3_CPUINFO)
+    monkeypatch.setattr(toolchain, "_vlen_probe", lambda: probe)
+    monkeypatch.setattr(toolchain, "A100_ROUTE_FILE", str(tmp_path / "absent"))
+    monkeypatch.delenv("IMEGEN_IME_HARTS", raising=False)
+    real_run = subprocess.run
+    monkeypatch.setattr(toolchain.subprocess, "run", lambda cmd, **kw: real_run(
+        ["echo", "1024"] if cmd[:3] == ["taskset", "-c", "8-15"] else cmd, **kw))
+    toolchain.current_host.cache_clear()
+    try:
+        here = toolchain.current_host()
+        assert (here.vlen, here.ime_harts) == (256, ())
+        assert here.matrix == (toolchain.MatrixHarts(A100_ID, tuple(range(8, 16)), 1024, str(tmp_path / "absent")),)
+        assert here.cannot_run(1024, True, A100_ID) is None and here.cannot_run(256, True) is not None
+    finally:
+        toolchain.current_host.cache_clear()
