@@ -26,6 +26,12 @@ OPS = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "Silu
 # GroupQueryAttention's inputs by name (ORT 1.23's 12-input form; 1.21 stops after sin_cache)
 GQA_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
               "sin_cache", "position_ids", "attention_bias", "head_sink")
+# ai.imegen GroupQueryAttention's inputs: com.microsoft's without key, value and the inputs it does not serve
+IMEGEN_GQA_INPUTS = ("query", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache", "sin_cache")
+# GroupQueryAttention's past_key, past_value input slot -> the output slot of its present_key, present_value, per
+# domain: genai binds each pair to one buffer (ort-model-check, the per-node bench)
+GQA_PRESENT_OF_PAST = {domain: {names.index("past_key"): 1, names.index("past_value"): 2}
+                       for domain, names in ((MS_DOMAIN, GQA_INPUTS), (DOMAIN, IMEGEN_GQA_INPUTS))}
 # attributes whose non-default values change what GroupQueryAttention computes, and their defaults
 GQA_DEFAULTS = {"local_window_size": -1, "softcap": 0.0, "smooth_softmax": 0, "qk_output": 0}
 
@@ -170,8 +176,7 @@ def _move_skip_norm(node) -> None:
 
 def _move_gqa(node) -> None:
     ins = _gqa_inputs(node)
-    kept = [ins[k] for k in ("query", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
-                             "sin_cache")]
+    kept = [ins[k] for k in IMEGEN_GQA_INPUTS]
     while kept and not kept[-1]:
         kept.pop()
     del node.input[:]

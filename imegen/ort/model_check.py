@@ -44,7 +44,7 @@ import numpy as np
 
 from ..ir import KernelSpec
 from .customop import build_library, parse_decoder_stats, parse_stats
-from .decoder_ops import DecoderDecision, rewrite_decoder_ops
+from .decoder_ops import GQA_PRESENT_OF_PAST, MS_DOMAIN, DecoderDecision, rewrite_decoder_ops
 from .ort_check import TOLERANCE, tolerance_text
 from .rewrite import NodeDecision, fold_bias_adds, lower_to_fp32, node_attributes, rewrite
 from .external_data import ModelFileError, load_graph
@@ -495,9 +495,6 @@ def find_decoder(model, dims: dict[str, int] | None = None) -> Decoder | None:
                    present if len(present) == len(past) else (), logits, _vocab(g, logits, dims))
 
 
-GQA_PAST = {3: 1, 4: 2}  # GroupQueryAttention's past_key, past_value input -> its present_key, present_value output
-
-
 def shared_kv_reason(model, dec: Decoder) -> str:
     """Why the decoder's KV cache cannot be held as onnxruntime-genai holds it on CPU, one buffer per past input
     bound as both the past input and the present output ("" when it can): each past_key_values.* must be read by
@@ -510,12 +507,12 @@ def shared_kv_reason(model, dec: Decoder) -> str:
     for past, present in dec.present:
         readers = g.consumers(past)
         attention = [(n, i) for n, i in readers if n.op_type == "GroupQueryAttention"
-                     and n.domain == "com.microsoft" and i in GQA_PAST]
+                     and n.domain == MS_DOMAIN and i in GQA_PRESENT_OF_PAST[MS_DOMAIN]]
         if len(readers) != 1 or not attention:
             ops = sorted({n.op_type for n, _ in readers})
             return f"{past} is read by {' and '.join(ops) or 'no node'}, not by one GroupQueryAttention alone"
         node, slot = attention[0]
-        if node.output[GQA_PAST[slot]] != present:
+        if node.output[GQA_PRESENT_OF_PAST[MS_DOMAIN][slot]] != present:
             return f"{present} is not the present output of the GroupQueryAttention reading {past}"
         if DTYPES[g.inputs[past].type.tensor_type.elem_type] not in FLOAT_DTYPES:
             return f"{past} is not a float tensor"

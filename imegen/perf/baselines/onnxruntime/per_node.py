@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from .... import cache
-from ....ort.decoder_ops import GATE_INPUT
+from ....ort.decoder_ops import GATE_INPUT, GQA_PRESENT_OF_PAST
 from ....ort.rewrite import bias_add, constant_initializers
 from ....ort.rewrite import consumers as graph_consumers
 from ...model import x60
@@ -428,15 +428,12 @@ def _digest(model, feeds: dict, wanted, share=()) -> str:
     return cache.sha256_hex(*chunks)[:32]
 
 
-PAST_SLOTS = {MS: (3, 4), IMEGEN: (1, 2)}  # GroupQueryAttention's past_key, past_value inputs (decoder_ops.py)
-
-
 def kv_sharing(nodes, feeds: dict, wanted) -> tuple[tuple[str, str], ...]:
     """(present, past) of each GroupQueryAttention whose past is fed and present wanted: genai's binding."""
     pairs = []
     for n in nodes:
         if n.op_type == "GroupQueryAttention":
-            pairs += [(n.output[o], n.input[i]) for o, i in zip((1, 2), PAST_SLOTS[n.domain])
+            pairs += [(n.output[o], n.input[i]) for i, o in GQA_PRESENT_OF_PAST[n.domain].items()
                       if n.output[o] in wanted and n.input[i] in feeds]
     return tuple(pairs)
 
