@@ -601,43 +601,27 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
     TRY(ort->KernelContext_GetInput(ctx, IN_A, &a_value));
     if (n->has_bias) TRY(ort->KernelContext_GetInput(ctx, IN_BIAS, &bias_value));
     if (n->gated) TRY(ort->KernelContext_GetInput(ctx, IN_GATE, &gate_value));
-    OrtTensorTypeAndShapeInfo *shape;
-    size_t rank;
-    int64_t dims[16];
-    TRY(ort->GetTensorTypeAndShape(a_value, &shape));
-    OrtStatus *st = ort->GetDimensionsCount(shape, &rank);
-    if (!st && (rank < 1 || rank > 16)) st = fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': A has rank %zu", n->name, rank);
-    if (!st) st = ort->GetDimensions(shape, dims, rank);
-    ort->ReleaseTensorTypeAndShapeInfo(shape);
-    if (st) return st;
+    struct shape a_shape, bias_shape, gate_shape;
+    TRY(shape_of(a_value, n->name, "A", &a_shape));
+    const size_t rank = a_shape.rank;
+    int64_t *dims = a_shape.dims;
+    if (rank < 1) return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': A is a scalar", n->name);
     if (dims[rank - 1] != (int64_t)n->K)
         return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': A's last dimension is %lld, expected K = %zu", n->name,
                     (long long)dims[rank - 1], n->K);
     size_t M = 1;
     for (size_t i = 0; i + 1 < rank; i++) M *= (size_t)dims[i];
     if (n->has_bias) {
-        OrtTensorTypeAndShapeInfo *bshape;
-        size_t bcount = 0;
-        TRY(ort->GetTensorTypeAndShape(bias_value, &bshape));
-        st = ort->GetTensorShapeElementCount(bshape, &bcount);
-        ort->ReleaseTensorTypeAndShapeInfo(bshape);
-        if (st) return st;
-        if (bcount != n->N)
+        TRY(shape_of(bias_value, n->name, "bias", &bias_shape));
+        if (bias_shape.count != n->N)
             return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': bias has %zu elements, expected N = %zu", n->name,
-                        bcount, n->N);
+                        bias_shape.count, n->N);
     }
-    dims[rank - 1] = (int64_t)n->N;
+    dims[rank - 1] = (int64_t)n->N; /* now Y's shape */
     if (n->gated) { /* the gate is read as Y's elements: it must have Y's shape */
-        OrtTensorTypeAndShapeInfo *gshape;
-        size_t grank = 0;
-        int64_t gdims[16];
-        TRY(ort->GetTensorTypeAndShape(gate_value, &gshape));
-        st = ort->GetDimensionsCount(gshape, &grank);
-        if (!st && grank == rank) st = ort->GetDimensions(gshape, gdims, grank);
-        ort->ReleaseTensorTypeAndShapeInfo(gshape);
-        if (st) return st;
-        int same = grank == rank;
-        for (size_t i = 0; same && i < rank; i++) same = gdims[i] == dims[i];
+        TRY(shape_of(gate_value, n->name, "the gate", &gate_shape));
+        int same = gate_shape.rank == rank;
+        for (size_t i = 0; same && i < rank; i++) same = gate_shape.dims[i] == dims[i];
         if (!same)
             return fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': the gate's shape is not the output's (A's leading "
                         "dimensions, then N = %zu)", n->name, n->N);
@@ -666,6 +650,7 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
     j.A = a, j.workspace = ws, j.bias = bias, j.gate = gate, j.C = c;
     count_call(k);
     if (gate) __atomic_fetch_add(&gated_calls, 1, __ATOMIC_RELAXED);
+    OrtStatus *st = NULL;
     if (n->slices == 1) run_slice(&j, 0);
     else st = ort->KernelContext_ParallelFor(ctx, run_slice, n->slices, 0, &j);
     free(ws);

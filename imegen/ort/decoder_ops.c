@@ -29,8 +29,6 @@
 #include "decoder_ops.h"
 #include "ort_glue.h"
 
-#define MAX_RANK 8
-
 /* ------------------------------------------------------------------------------------------ vector math */
 /* e^x for x <= 88: x = n ln2 + r with |r| <= ln2/2, e^r by its Taylor polynomial of degree 7 (truncation error
  * below 1e-8 relative there), times 2^n built in the exponent field. Below -87 the result is clamped to e^-87
@@ -100,23 +98,6 @@ static void rms_norm_row(const float *x, const float *gamma, float *y, size_t n,
 }
 
 /* ----------------------------------------------------------------------------------------- ORT helpers */
-struct shape {
-    size_t rank, count;
-    int64_t dims[MAX_RANK];
-};
-
-static OrtStatus *shape_of(const OrtValue *v, const char *node, const char *what, struct shape *s) {
-    OrtTensorTypeAndShapeInfo *info;
-    TRY(ort->GetTensorTypeAndShape(v, &info));
-    OrtStatus *st = ort->GetDimensionsCount(info, &s->rank);
-    if (!st && s->rank > MAX_RANK) st = fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': %s has rank %zu", node, what,
-                                             s->rank);
-    if (!st) st = ort->GetDimensions(info, s->dims, s->rank);
-    if (!st) st = ort->GetTensorShapeElementCount(info, &s->count);
-    ort->ReleaseTensorTypeAndShapeInfo(info);
-    return st;
-}
-
 static OrtStatus *input(OrtKernelContext *ctx, size_t i, const char *node, const char *what, struct shape *s,
                         const void **data) {
     const OrtValue *v = NULL;

@@ -33,6 +33,25 @@ static inline OrtStatus *tensor_data(const OrtValue *v, const void **out) {
     return st;
 }
 
+/* A tensor's shape, rank at most IMEGEN_MAX_RANK (a refusal naming the node and the tensor beyond it). */
+#define IMEGEN_MAX_RANK 8
+struct shape {
+    size_t rank, count;
+    int64_t dims[IMEGEN_MAX_RANK];
+};
+
+static inline OrtStatus *shape_of(const OrtValue *v, const char *node, const char *what, struct shape *s) {
+    OrtTensorTypeAndShapeInfo *info;
+    TRY(ort->GetTensorTypeAndShape(v, &info));
+    OrtStatus *st = ort->GetDimensionsCount(info, &s->rank);
+    if (!st && s->rank > IMEGEN_MAX_RANK)
+        st = fail(ORT_INVALID_ARGUMENT, "imegen: node '%s': %s has rank %zu", node, what, s->rank);
+    if (!st) st = ort->GetDimensions(info, s->dims, s->rank);
+    if (!st) st = ort->GetTensorShapeElementCount(info, &s->count);
+    ort->ReleaseTensorTypeAndShapeInfo(info);
+    return st;
+}
+
 static inline int64_t attr_int(const OrtKernelInfo *info, const char *name, int64_t fallback) {
     int64_t v;
     OrtStatus *st = ort->KernelInfoGetAttribute_int64(info, name, &v);
