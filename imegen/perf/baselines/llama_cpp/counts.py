@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
+from typing import Callable
 
 from ...model import x60
 from .build import build, run_driver
@@ -41,26 +43,36 @@ def add_counts(a: dict, b: dict, s: float = 1.0) -> dict:
     return {k: a.get(k, 0) + s * b.get(k, 0) for k in set(a) | set(b)}
 
 
+class RunCache:
+    """Results of a counting executable's runs by their arguments, kept in counts.json beside it (a build's cache
+    entry: a rebuilt executable starts empty), rewritten atomically after each new run."""
+
+    def __init__(self, exe: Path):
+        self.file = exe.parent / "counts.json"
+        try:
+            self.runs = json.loads(self.file.read_text())
+        except (OSError, ValueError):
+            self.runs = {}
+
+    def get(self, key: str, run: Callable[[], object]):
+        if key not in self.runs:
+            self.runs[key] = run()
+            tmp = self.file.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.runs, sort_keys=True))
+            tmp.replace(self.file)
+        return self.runs[key]
+
+
 class Counter:
     """Per-thread counts of llama.cpp's loop at full shapes (see the module docstring); cached on disk."""
 
     def __init__(self, log=None):
         self.b = build(log)
-        self.cache_file = self.b.exe.parent / "counts.json"
-        try:
-            self.cache = json.loads(self.cache_file.read_text())
-        except (OSError, ValueError):
-            self.cache = {}
+        self.cache = RunCache(self.b.exe)
         self.log = log
 
     def _regions(self, args: list[str]) -> list[dict]:
-        key = " ".join(args)
-        if key not in self.cache:
-            self.cache[key] = run_driver(self.b, args)[0]
-            tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.cache, sort_keys=True))
-            tmp.replace(self.cache_file)
-        return self.cache[key]
+        return self.cache.get(" ".join(args), lambda: run_driver(self.b, args)[0])
 
     def task(self, K: int, mc: int, nc: int) -> dict:
         """Cost of one task of mc rows x nc columns: measured at 1-2 row groups x 1-2 column blocks."""

@@ -24,7 +24,6 @@ checks this against a direct run.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ from ...count.image import code_ranges_from_map, exec_segments, symbols
 from ...count.plugin import SOURCE as PLUGIN_SOURCE
 from ...count.plugin import run_counted
 from . import ime2
-from .counts import add_counts
+from .counts import RunCache, add_counts
 from .source import SDIST_SHA256, SPACEMIT, sources
 
 HERE = Path(__file__).parent
@@ -148,21 +147,14 @@ class Counter:
 
     def __init__(self, log=None):
         self.b = build(log)
-        self.cache_file = self.b.exe.parent / "counts.json"
-        try:
-            self.cache = json.loads(self.cache_file.read_text())
-        except (OSError, ValueError):
-            self.cache = {}
+        self.cache = RunCache(self.b.exe)
 
     def _sample(self, kernel: str, N: int, K: int) -> dict:
-        key = f"{kernel} {N} {K}"
-        if key not in self.cache:
+        def sample() -> dict:
             r = run(self.b, kernel, 5, N, K)
-            self.cache[key] = {"quant4": r.quant[0], "quant1": r.quant[1], "gemm4": r.gemm[0], "gemm1": r.gemm[1]}
-            tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.cache, sort_keys=True))
-            tmp.replace(self.cache_file)
-        return self.cache[key]
+            return {"quant4": r.quant[0], "quant1": r.quant[1], "gemm4": r.gemm[0], "gemm1": r.gemm[1]}
+
+        return self.cache.get(f"{kernel} {N} {K}", sample)
 
     def counts(self, M: int, N: int, K: int, cores: int = 1) -> dict[str, float]:
         """One core's counts of the call (A quantization and every row group), extrapolated. cores > 1: the
