@@ -15,7 +15,6 @@ import subprocess
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import imegen
 from imegen import targets, toolchain
@@ -28,6 +27,7 @@ from imegen.ort.model_check import compare_outputs, model_check
 from imegen.ort.riscv import RiscvSession
 from imegen.ort.serving import NodeNeeds
 
+import ort_two_nodes
 from test_accelerate import GENAI, ROOT, chain, saved
 
 VLEN = 1024
@@ -42,20 +42,7 @@ NODES = {"n_a": 96, "n_b": 160}  # name -> N
 
 
 def two_node_model(rng):
-    inits, nodes, outputs = [], [], []
-    for name, N in NODES.items():
-        qw = oc.ort_quantized_weights(rng.normal(0, 0.25, (K, N)).astype(np.float32), 4, 32, False)
-        inits += [numpy_helper.from_array(qw.data, f"{name}_B"), numpy_helper.from_array(qw.scales, f"{name}_s"),
-                  numpy_helper.from_array(qw.zero_points, f"{name}_z")]
-        nodes.append(helper.make_node("MatMulNBits", ["A", f"{name}_B", f"{name}_s", f"{name}_z"], [f"Y_{name}"],
-                                      name=name, domain="com.microsoft", K=K, N=N, bits=4, block_size=32,
-                                      accuracy_level=4))
-        outputs.append(helper.make_tensor_value_info(f"Y_{name}", TensorProto.FLOAT, None))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
-                              outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = 10
-    return model
+    return ort_two_nodes.two_node_model(rng, NODES, K, symmetric=False)
 
 
 @pytest.fixture(scope="module")
@@ -74,20 +61,10 @@ def setup(tmp_path_factory):
 
 
 def run_imegen(setup, monkeypatch, harts, *, cpus=None):
+    """Every feed through ORT + imegen at VLEN 1024 on the harts named, checked within ORT's level-4 tolerance of
+    stock ORT; returns the library's stats text."""
     model, lib, feeds, stock = setup
-    if harts is None:
-        monkeypatch.delenv("IMEGEN_IME_HARTS", raising=False)
-    else:
-        monkeypatch.setenv("IMEGEN_IME_HARTS", harts)
-    saved_cpus = os.sched_getaffinity(0)
-    try:
-        if cpus is not None:
-            os.sched_setaffinity(0, cpus)  # the QEMU process and ORT's threads inherit it
-        with RiscvSession(model, "1.23", custom_ops=lib, threads=2, vlen=VLEN) as s:
-            outs = [s.run(f) for f in feeds]
-            text = s.stats()
-    finally:
-        os.sched_setaffinity(0, saved_cpus)
+    text, outs = ort_two_nodes.run_with_harts(model, lib, feeds, monkeypatch, harts, cpus=cpus, vlen=VLEN)
     for y0, y1 in zip(stock, outs):
         assert all(o.ok for o in compare_outputs(y0, y1, 4)), compare_outputs(y0, y1, 4)
     return text
@@ -128,17 +105,13 @@ def test_an_ime2_instruction_on_a_hart_without_ime2_dies(monkeypatch):
     qw = oc.ort_quantized_weights(np.random.default_rng(0).normal(0, 0.25, (K, 32)).astype(np.float32), 4, 32, False)
     A = np.ones((1, K), np.float32)
     monkeypatch.setattr(toolchain, "_on_named_ime_harts", lambda ime: [])
-    saved_cpus = os.sched_getaffinity(0)
-    try:
-        os.sched_setaffinity(0, {1})
+    with ort_two_nodes.on_cpus({1}):
         monkeypatch.setenv("IMEGEN_IME_HARTS", "1")
         assert kernel.run(A, qw.data, qw.scales, qw.zero_points, K=K, vlen=VLEN).shape == (1, 32)
         monkeypatch.setenv("IMEGEN_IME_HARTS", "0")
         with pytest.raises(toolchain.ToolchainError, match="IME2 emulator: an IME2 .* on hart 1, which "
                                                            "IMEGEN_IME_HARTS does not name"):
             kernel.run(A, qw.data, qw.scales, qw.zero_points, K=K, vlen=VLEN)
-    finally:
-        os.sched_setaffinity(0, saved_cpus)
 
 
 def test_the_hardware_library_routes_threads_to_the_a100_cores():

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import imegen
 from imegen import toolchain
@@ -26,6 +26,8 @@ from imegen.ort.customop import ime_harts, parse_routes, parse_stats
 from imegen.ort.model_check import compare_outputs
 from imegen.ort.riscv import OrtError, RiscvSession
 from imegen.ort.serving import NodeNeeds, serve
+
+import ort_two_nodes
 
 K = 128
 SPEC = """
@@ -41,18 +43,7 @@ NODES = {"n_a": 64, "n_any": 48}  # name -> N; both K = 128
 
 
 def two_node_model(rng):
-    inits, nodes, outputs = [], [], []
-    for name, N in NODES.items():
-        qw = oc.ort_quantized_weights(rng.normal(0, 0.25, (K, N)).astype(np.float32), 4, 32, True)
-        inits += [numpy_helper.from_array(qw.data, f"{name}_B"), numpy_helper.from_array(qw.scales, f"{name}_s")]
-        nodes.append(helper.make_node("MatMulNBits", ["A", f"{name}_B", f"{name}_s"], [f"Y_{name}"], name=name,
-                                      domain="com.microsoft", K=K, N=N, bits=4, block_size=32, accuracy_level=4))
-        outputs.append(helper.make_tensor_value_info(f"Y_{name}", TensorProto.FLOAT, None))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
-                              outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = 10
-    return model
+    return ort_two_nodes.two_node_model(rng, NODES, K, symmetric=True)
 
 
 @pytest.fixture(scope="module")
@@ -72,22 +63,9 @@ def setup(tmp_path_factory):
 
 
 def run_imegen(setup, monkeypatch, harts: str | None, *, cpus: set[int] | None = None):
-    """Every feed through ORT + imegen with IMEGEN_IME_HARTS = harts (None: unset), the QEMU process
-    started on `cpus`; returns (stats text, outputs)."""
+    """Every feed through ORT + imegen on the harts named (ort_two_nodes.run_with_harts): (stats text, outputs)."""
     _, model, lib, feeds, _ = setup
-    if harts is None:
-        monkeypatch.delenv("IMEGEN_IME_HARTS", raising=False)
-    else:
-        monkeypatch.setenv("IMEGEN_IME_HARTS", harts)
-    saved = os.sched_getaffinity(0)
-    try:
-        if cpus is not None:
-            os.sched_setaffinity(0, cpus)  # the QEMU process (and ORT's threads) inherit it
-        with RiscvSession(model, "1.23", custom_ops=lib, threads=2) as s:
-            outs = [s.run(f) for f in feeds]
-            return s.stats(), outs
-    finally:
-        os.sched_setaffinity(0, saved)
+    return ort_two_nodes.run_with_harts(model, lib, feeds, monkeypatch, harts, cpus=cpus)
 
 
 def assert_within_ort_tolerance(setup, outs):
@@ -148,16 +126,12 @@ def test_a_vmadot_on_a_hart_without_ime_dies(monkeypatch):
     A = np.ones((1, K), np.float32)
     # imegen runs such a driver pinned to the named harts (toolchain.launch); here it must not be
     monkeypatch.setattr(toolchain, "_on_named_ime_harts", lambda ime: [])
-    saved = os.sched_getaffinity(0)
-    try:
-        os.sched_setaffinity(0, {1})
+    with ort_two_nodes.on_cpus({1}):
         monkeypatch.setenv("IMEGEN_IME_HARTS", "1")
         assert kernel.run(A, qw.data, qw.scales, K=K).shape == (1, 16)  # hart 1 named: it runs
         monkeypatch.setenv("IMEGEN_IME_HARTS", "0")
         with pytest.raises(toolchain.ToolchainError, match="vmadot on hart 1, which IMEGEN_IME_HARTS does not name"):
             kernel.run(A, qw.data, qw.scales, K=K)
-    finally:
-        os.sched_setaffinity(0, saved)
 
 
 def test_a_malformed_hart_list_fails_the_session(setup, monkeypatch):
