@@ -197,16 +197,21 @@ def test_ime_harts_from_cpuinfo_and_override():
     assert toolchain.hart_list((0, 1, 2, 3, 6)) == "0-3,6" and toolchain.hart_list((1,)) == "1"
 
 
-def test_current_host_on_a_simulated_k1(monkeypatch, tmp_path):
-    """The detection's wiring: machine, cpuinfo, the probe's answer, the env override, QEMU on PATH."""
+def simulate_riscv64(monkeypatch, tmp_path, text: str) -> None:
+    """current_host() on a riscv64 machine whose /proc/cpuinfo is `text` and whose VLEN probe answers 256."""
     probe = tmp_path / "probe"
     probe.write_text("#!/bin/sh\necho 256\n")
     probe.chmod(0o755)
     monkeypatch.setattr(toolchain.platform, "machine", lambda: "riscv64")
-    monkeypatch.setattr(toolchain, "_read_cpuinfo", lambda: K1_CPUINFO)
+    monkeypatch.setattr(toolchain, "_read_cpuinfo", lambda: text)
     monkeypatch.setattr(toolchain, "_vlen_probe", lambda: probe)
     monkeypatch.delenv("IMEGEN_IME_HARTS", raising=False)
     toolchain.current_host.cache_clear()
+
+
+def test_current_host_on_a_simulated_k1(monkeypatch, tmp_path):
+    """The detection's wiring: machine, cpuinfo, the probe's answer, the env override, QEMU on PATH."""
+    simulate_riscv64(monkeypatch, tmp_path, K1_CPUINFO)
     try:
         assert toolchain.current_host() == Host("riscv64", 256, (0, 1, 2, 3), shutil.which("qemu-riscv64") is not None)
         toolchain.current_host.cache_clear()
@@ -315,18 +320,11 @@ def test_k3_refuses_what_no_hart_can_run_without_qemu(on, spawned, host, vlen, r
 def test_current_host_on_a_simulated_k3(monkeypatch, tmp_path):
     """A K3's detection: the X100 harts' VLEN from the unpinned probe, the A100 harts from their marchid and
     their VLEN from the probe run on them (here a fake probe that answers by how it was started), no K1 IME."""
-    probe = tmp_path / "probe"
-    probe.write_text("#!/bin/sh\necho 256\n")
-    probe.chmod(0o755)
-    monkeypatch.setattr(toolchain.platform, "machine", lambda: "riscv64")
-    monkeypatch.setattr(toolchain, "_read_cpuinfo", lambda: K3_CPUINFO)
-    monkeypatch.setattr(toolchain, "_vlen_probe", lambda: probe)
+    simulate_riscv64(monkeypatch, tmp_path, K3_CPUINFO)
     monkeypatch.setattr(toolchain, "A100_ROUTE_FILE", str(tmp_path / "absent"))
-    monkeypatch.delenv("IMEGEN_IME_HARTS", raising=False)
     real_run = subprocess.run
     monkeypatch.setattr(toolchain.subprocess, "run", lambda cmd, **kw: real_run(
         ["echo", "1024"] if cmd[:3] == ["taskset", "-c", "8-15"] else cmd, **kw))
-    toolchain.current_host.cache_clear()
     try:
         here = toolchain.current_host()
         assert (here.vlen, here.ime_harts) == (256, ())
