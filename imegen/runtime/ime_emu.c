@@ -135,28 +135,6 @@ static void on_sigill(int sig, siginfo_t *si, void *ctx) {
 }
 
 void imegen_ime_emu_install(void) {
-    unsigned long vlenb;
-    __asm__ volatile(WITH_V("csrr %0, vlenb") : "=r"(vlenb));
-    if (vlenb != VLENB) {
-        fprintf(stderr,
-                "imegen IME emulator: IME requires VLEN=256 (K1), but this CPU has VLEN=%lu; "
-                "run QEMU with -cpu rv64,v=true,Zfh=true,vlen=256\n",
-                vlenb * 8);
-        exit(3);
-    }
-    harts_restricted = imegen_emulated_harts(&ime_harts);
-    if (harts_restricted < 0) {
-        fprintf(stderr, "imegen IME emulator: %s=\"%s\" is not a hart list (e.g. 0-3 or 0,2)\n",
-                IMEGEN_IME_HARTS_ENV, getenv(IMEGEN_IME_HARTS_ENV));
-        exit(3);
-    }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_sigill;
-    sa.sa_flags = SA_SIGINFO;
-    sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGILL, &sa, NULL) != 0) {
-        perror("imegen IME emulator: sigaction(SIGILL)");
-        exit(3);
-    }
+    harts_restricted = imegen_install_emulator("imegen IME emulator", "IME", "K1", VLENB, "0-3 or 0,2",
+                                               &ime_harts, on_sigill);
 }

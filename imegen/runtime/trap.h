@@ -11,6 +11,8 @@
 
 #include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -75,6 +77,38 @@ static inline void die_honestly(int sig) {
     dfl.sa_handler = SIG_DFL;
     sigaction(sig, &dfl, NULL);
     raise(sig);
+}
+
+/* Install `on_sigill` as the SIGILL handler of a `who` emulator for `isa` (on `board`) at `vlenb` bytes a register,
+ * after checking that this CPU has that VLEN (else exit 3 with the QEMU -cpu to use). The harts the emulator
+ * runs on, from IMEGEN_IME_HARTS (harts.h), go to *harts; returns 1 if that names some, 0 if unset; a malformed
+ * list exits 3, naming `example` as a valid one. Include harts.h before this file. */
+static inline int imegen_install_emulator(const char *who, const char *isa, const char *board, unsigned long vlenb,
+                                          const char *example, cpu_set_t *harts,
+                                          void (*on_sigill)(int, siginfo_t *, void *)) {
+    unsigned long have;
+    __asm__ volatile(WITH_V("csrr %0, vlenb") : "=r"(have));
+    if (have != vlenb) {
+        fprintf(stderr, "%s: %s requires VLEN=%lu (%s), but this CPU has VLEN=%lu; run QEMU with "
+                "-cpu rv64,v=true,Zfh=true,vlen=%lu\n", who, isa, vlenb * 8, board, have * 8, vlenb * 8);
+        exit(3);
+    }
+    const int restricted = imegen_emulated_harts(harts);
+    if (restricted < 0) {
+        fprintf(stderr, "%s: %s=\"%s\" is not a hart list (e.g. %s)\n", who, IMEGEN_IME_HARTS_ENV,
+                getenv(IMEGEN_IME_HARTS_ENV), example);
+        exit(3);
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigill;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGILL, &sa, NULL) != 0) {
+        fprintf(stderr, "%s: sigaction(SIGILL) failed\n", who);
+        exit(3);
+    }
+    return restricted;
 }
 
 #endif
