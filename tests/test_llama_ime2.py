@@ -378,11 +378,16 @@ def test_gemm_kernel_q40_agrees_with_numpy(tmp_path, kernel, extreme, M, N, kb):
     assert ime2.error_units(run, (ime2.q40_definition(case), bound)) > 10
 
 
+# Readings of imm2 2 alone: the bytes of vd each chunk fills (shipped: 16, pack_len 128 bits).
+IMM2_2_CHUNK = {"imm2 2 is 64 bits": 8, "imm2 2 is 256 bits": 32}
+
+
 def _emulator_reading(text: str, reading: str) -> str:
     """runtime/ime2_emu.c with vnpack4 read another way (the tests' alternatives; none of them is shipped)."""
     line_in = "const uint8_t *in = src + (c & 1) * VLENB + c / 2 * 2 * out_chunk;"
     line_out = "dst[c * out_chunk + j] = (uint8_t)((in[2 * j] & 15) | (in[2 * j + 1] & 15) << 4);"
-    assert line_in in text and line_out in text, "vnpack4_execute changed: update the alternative readings"
+    assert line_in in text and line_out in text and "unsigned out_chunk = 4u << d->imm2;" in text, \
+        "vnpack4_execute changed: update the alternative readings"
     if reading == "nibble order swapped":
         return text.replace(line_out, "dst[c * out_chunk + j] = (uint8_t)((in[2 * j] & 15) << 4 | (in[2 * j + 1] & 15));")
     if reading == "pack_len counts source bits":
@@ -394,6 +399,10 @@ def _emulator_reading(text: str, reading: str) -> str:
                             "unsigned eb = pack_bytes(0), base = c / 2 * 2 * out_chunk * eb;").replace(
             line_out, "{ unsigned i0 = base + 2 * j * eb, i1 = i0 + eb; dst[c * out_chunk + j] = (uint8_t)("
                       "(i0 < VLENB ? in[i0] & 15 : 0) | (i1 < VLENB ? in[i1] & 15 : 0) << 4); }")
+    if reading in IMM2_2_CHUNK:  # every other imm2 as shipped: only the MoE kernel issues imm2 2
+        line_chunk = "unsigned out_chunk = 4u << d->imm2;"
+        chunk = f"unsigned out_chunk = d->imm2 == 2 ? {IMM2_2_CHUNK[reading]}u : 4u << d->imm2;"
+        return text.replace(line_chunk, chunk)
     if reading == "saturate to signed 4 bits":
         sat = "(uint8_t)((int8_t)in[{i}] < -8 ? 8 : (int8_t)in[{i}] > 7 ? 7 : in[{i}] & 15)"
         return text.replace(line_out, f"dst[c * out_chunk + j] = (uint8_t)({sat.format(i='2 * j')} | "
@@ -402,13 +411,18 @@ def _emulator_reading(text: str, reading: str) -> str:
 
 
 # Which paths each wrong reading breaks (the others it leaves right): m1 issues vnpack4 under e16 with vs1 = vs2
-# and uses row 0 only; m4 under e8 with two sources and all four chunks.
+# and uses row 0 only; m4 under e8 with two sources and all four chunks at imm2 3; the MoE pair kernel
+# (moe_m2_gemm_kernel_i8i4, without and with zero points) under e8 with two sources at imm2 2, using tile rows
+# 0 and 1 (the first chunk of each source).
+MOE_I8I4 = {"moe_i8i4 m2", "moe_i8i4zp m2"}
 WRONG_READINGS = {
-    "nibble order swapped": {"i8i4 m1", "i8i4 m4", "i8i4hp m1", "i8i4hp m4"},
-    "pack_len counts source bits": {"i8i4 m4", "i8i4hp m4"},
-    "vs1 then vs2, not interleaved": {"i8i4 m4", "i8i4hp m4"},
+    "nibble order swapped": {"i8i4 m1", "i8i4 m4", "i8i4hp m1", "i8i4hp m4", *MOE_I8I4},
+    "pack_len counts source bits": {"i8i4 m4", "i8i4hp m4", *MOE_I8I4},
+    "vs1 then vs2, not interleaved": {"i8i4 m4", "i8i4hp m4", *MOE_I8I4},
     "SEW-wide source elements": {"i8i4 m1", "i8i4hp m1"},
-    "saturate to signed 4 bits": {"i8i4 m1", "i8i4 m4", "i8i4hp m1", "i8i4hp m4"},
+    "saturate to signed 4 bits": {"i8i4 m1", "i8i4 m4", "i8i4hp m1", "i8i4hp m4", *MOE_I8I4},
+    "imm2 2 is 64 bits": MOE_I8I4,
+    "imm2 2 is 256 bits": MOE_I8I4,
 }
 
 
@@ -416,16 +430,170 @@ WRONG_READINGS = {
 @pytest.mark.parametrize("reading", list(WRONG_READINGS))
 def test_other_vnpack4_readings_break_the_kernels(tmp_path, reading):
     """The kernels pin vnpack4 (docs/ime2-isa.md §9.1): the emulator built with each other plausible reading
-    makes exactly the listed paths miss their model by far (the shipped reading passes all four:
-    test_gemm_kernel_q40_agrees_with_numpy)."""
+    makes exactly the listed paths miss their model by far (the shipped reading passes all six:
+    test_gemm_kernel_q40_agrees_with_numpy, test_moe_kernels_agree_with_numpy)."""
     text = (toolchain.RUNTIME_DIR / "ime2_emu.c").read_text()
     exe = ime2.build(emulator=_emulator_reading(text, reading))
+    cases = {f"{kernel} m{M}": Q40_CASES[kernel].random(np.random.default_rng(31), M, 32, 2)
+             for kernel, M in [("i8i4", 1), ("i8i4", 4), ("i8i4hp", 1), ("i8i4hp", 4)]}
+    for zp in (False, True):  # two tokens on one expert: one pair call
+        moe = ime2.MoECase.random(np.random.default_rng(32), 2, 32, 2, 1, 1, bits=4, zero_points=zp)
+        assert [len(c.tokens) for c in moe.calls()] == [2]
+        cases[f"{moe.kernel} m2"] = moe
     broken = set()
-    for kernel, M in [("i8i4", 1), ("i8i4", 4), ("i8i4hp", 1), ("i8i4hp", 4)]:
-        case = Q40_CASES[kernel].random(np.random.default_rng(31), M, 32, 2)
-        run = ime2.run(exe, kernel, case, tmp_path / f"{kernel}{M}")
+    for path, case in cases.items():
+        run = ime2.run(exe, case.kernel, case, tmp_path / path.replace(" ", "_"))
         err = ime2.error_units(run, case.reference())
         if not err <= 1.0:  # NaN counts as broken
-            assert not err <= 1000, f"{reading}, {kernel} M={M}: off by {err} units, neither right nor clearly wrong"
-            broken.add(f"{kernel} m{M}")
+            assert not err <= 1000, f"{reading}, {path}: off by {err} units, neither right nor clearly wrong"
+            broken.add(path)
     assert broken == WRONG_READINGS[reading]
+
+
+# ---------------------------------------------------------------- MoE: moe_m2_gemm_kernel_i8i4 and _i8i5
+
+def test_moe_walk_pairs_rows_per_expert_as_ime_cpp():
+    # tokens 0-3, two slots each; C row = token * 2 + slot
+    ids = np.array([[2, 0], [0, 1], [2, 1], [0, 2]])
+    calls = ime2.moe_walk(ids)
+    assert [(c.expert, c.tokens, c.outs) for c in calls] == [
+        (0, (0, 1), (1, 2)), (0, (3,), (6,)),      # expert 0: three rows, a pair and one left over
+        (1, (1, 2), (3, 5)),                        # expert 1: one pair
+        (2, (0, 2), (0, 4)), (2, (3,), (7,)),       # expert 2
+    ]
+
+
+@pytest.mark.parametrize("zero_points", [False, True])
+def test_moe_layouts_put_each_value_where_mrow_ref_reads_it(zero_points):
+    """As moe_gemm_kernel_i8i4_mrow_ref reads them: token rows of 38-byte blocks (scale, sum, codes); per expert,
+    group of 32 columns and block, 32 fp16 scales, [32 zero points], column ci's nibbles at ci * 16."""
+    case = ime2.MoECase.random(np.random.default_rng(41), 3, 64, 2, 3, 2, bits=4, zero_points=zero_points)
+    a = np.frombuffer(case.a_bytes(), np.uint8)
+    assert a.size == 3 * 2 * 38
+    row = a[2 * 76 + 38:][:38]  # token 2, block 1
+    assert row[:4].view(np.float32)[0] == case.a_scales[2, 1] and row[4:6].view(np.int16)[0] == case.a_sums[2, 1]
+    assert (row[6:].view(np.int8) == case.a_codes[2, 1]).all()
+    col = 18 + zero_points
+    b = np.frombuffer(case.b_bytes(), np.uint8)
+    assert b.size == 3 * 64 * 2 * col
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        e, n, kb, k = rng.integers(0, 3), rng.integers(0, 64), rng.integers(0, 2), rng.integers(0, 32)
+        blk = b[e * 64 * 2 * col + (n // 32) * 2 * 32 * col + kb * 32 * col:][:32 * col]
+        ci = n % 32
+        assert blk[2 * ci:2 * ci + 2].view(np.float16)[0] == case.b_d[e, n, kb]
+        if zero_points:
+            assert blk[64 + ci] == case.b_zps[e, n, kb]
+        nib = blk[32 * (col - 16):]
+        assert nib[ci * 16 + k // 2] >> (4 * (k % 2)) & 15 == case.b_codes[e, n, kb, k]
+    q5 = ime2.MoECase.random(np.random.default_rng(42), 3, 64, 2, 3, 2, bits=5, zero_points=zero_points)
+    per_expert = 64 * 2 * (22 + zero_points)
+    for e in range(3):
+        one = ime2.Q5Case(q5.a_codes, q5.a_scales, q5.a_sums, q5.b_codes[e], q5.b_d[e],
+                          None if q5.b_zps is None else q5.b_zps[e])
+        assert q5.b_bytes()[e * per_expert:(e + 1) * per_expert] == one.b_bytes()
+
+
+def test_moe_reference_is_the_dequantized_product_for_q5():
+    # The 5-bit model against a plain float computation (the 4-bit one differs by its FP16 steps only).
+    for zp in (False, True):
+        case = ime2.MoECase.random(np.random.default_rng(43), 4, 32, 2, 3, 2, bits=5, zero_points=zp)
+        np.testing.assert_allclose(case.reference()[0], case.definition(), rtol=1e-12, atol=1e-12)
+
+
+# Emulated instructions per call, 32 columns and K block, read off the kernels. Pair (moe_m2): i8i4 2 vpack (B
+# scales, the zero-point tile) + 2 vnpack4 + 8 .hp + 3 vpack (C); with zero points 1 vpack fewer (no tile);
+# i8i5 4 vpack + 4 vupack (B) + 1 vpack + 1 vupack (A) + 8 vmadot + 3 vpack (C). Left over (gemm_kernel m1):
+# i8i4 13 with or without zero points, i8i5 19.
+MOE_PER_CALL_BLOCK = {"moe_i8i4": (15, 13), "moe_i8i4zp": (14, 13), "moe_i8i5": (21, 19), "moe_i8i5zp": (21, 19)}
+MOE_VARIANTS = [(4, False), (4, True), (5, False), (5, True)]
+
+
+def _check_moe(tmp_path, case, exe=None):
+    """Runs ime.cpp's walk; asserts what each call reported, the emulated count and at least one pair call."""
+    rows, N, kb = case.shape
+    run = ime2.run(exe or ime2.build(), case.kernel, case, tmp_path)
+    calls = case.calls()
+    assert any(len(c.tokens) == 2 for c in calls), "no pair call: the MoE kernel would not be checked"
+    want_rows = [r for c in calls for r in ([2] if len(c.tokens) == 2 else [1] * (N // 32))]
+    assert list(run.rows) == want_rows
+    pair, single = MOE_PER_CALL_BLOCK[case.kernel]
+    assert run.emulated == (N // 32) * kb * sum(pair if len(c.tokens) == 2 else single for c in calls)
+    assert np.isfinite(run.C).all()
+    return run
+
+
+@NEEDS_TOOLS
+@pytest.mark.parametrize("bits, zero_points", MOE_VARIANTS, ids=["q4_0", "q4_1", "q5_0", "q5_1"])
+@pytest.mark.parametrize("tokens, N, kb, experts, slots", [(2, 32, 1, 1, 1), (5, 64, 3, 4, 2), (7, 96, 2, 8, 2),
+                                                           (6, 32, 4, 3, 3), (3, 64, 5, 2, 1)])
+def test_moe_kernels_agree_with_numpy(tmp_path, bits, zero_points, tokens, N, kb, experts, slots):
+    """moe_m2_gemm_kernel_i8i4 (vnpack4 at imm2 2, vmadotsu.hp / vmadotu.hp i4) and moe_m2_gemm_kernel_i8i5
+    (vmadot i8, vpack, vupack), without and with zero points, driven by ime.cpp's walk over routed tokens
+    (rows left over go through gemm_kernel's m1 path). Within 1 unit of 1e-5 x the sum of the fp32 terms'
+    magnitudes; the 4-bit runs miss the FP16-free dequantized product by more than 10 units (the check sees
+    the .hp rounding)."""
+    rng = np.random.default_rng(tokens * 1000 + N * 10 + kb + 7 * bits + zero_points)
+    case = ime2.MoECase.random(rng, tokens, N, kb, experts, slots, bits=bits, zero_points=zero_points)
+    run = _check_moe(tmp_path, case)
+    want, bound = case.reference()
+    assert ime2.error_units(run, (want, bound)) <= 1.0
+    if bits == 4:
+        assert ime2.error_units(run, (case.definition(), bound)) > 10
+
+
+@NEEDS_TOOLS
+@pytest.mark.parametrize("bits, zero_points", MOE_VARIANTS, ids=["q4_0", "q4_1", "q5_0", "q5_1"])
+def test_moe_kernels_extreme_values(tmp_path, bits, zero_points):
+    """A codes -127/127, B codes at both ends, zero points at both ends (Q4_1 0/15, Q5_1 0/255): the 4-bit FP16
+    tiles reach ~60000 with conversions that round; the 5-bit integer sums up to 32 x 127 x 31 + 255 x 4064."""
+    case = ime2.MoECase.random(np.random.default_rng(44 + bits + zero_points), 6, 64, 3, 3, 2, bits=bits,
+                               zero_points=zero_points, extreme=True)
+    run = _check_moe(tmp_path, case)
+    assert ime2.error_units(run, case.reference()) <= 1.0
+
+
+@NEEDS_TOOLS
+def test_q4_1_zero_point_sum_wraps_in_int16_on_the_m1_path_only(tmp_path):
+    """A block of 32 equal activations (codes 127, a_sum -4064) against zero points 15: the pair kernel forms
+    z * a_sum = -60960 in int32, gemm_kernel_i8i4_m1 (the row left over) in int16, where it wraps to 4576: that
+    row misses the dequantized product by far, and the model, which wraps there too, holds."""
+    base = ime2.MoECase.random(np.random.default_rng(45), 3, 32, 2, 2, 1, bits=4, zero_points=True)
+    a = base.a_codes.copy()
+    a[:, 0] = 127
+    case = ime2.MoECase(a, base.a_scales, -a.astype(np.int16).sum(axis=2, dtype=np.int16), base.b_codes,
+                        base.b_d, np.full_like(base.b_zps, 15), np.array([[0], [0], [1]]), 4)
+    run = _check_moe(tmp_path, case)
+    want, bound = case.reference()
+    assert ime2.error_units(run, (want, bound)) <= 1.0
+    off = np.abs(run.C - case.definition()) / (1e-5 * bound)
+    assert off[:2].max() < 100 and off[2].max() > 10_000  # rows 0, 1: the pair; row 2: left over
+
+
+def _emulator_mutation(text: str, mutation: str) -> str:
+    """runtime/ime2_emu.c with one plausible mistake in what the MoE i8i5 kernel uses (none is shipped)."""
+    edits = {
+        "vpack takes vs2 first": ("+ (c & 1) * VLENB + c / 2 * chunk;",
+                                  "+ ((c & 1) ^ !d->unpack) * VLENB + c / 2 * chunk;"),
+        "vpack imm2 0 takes 16-bit chunks": ("return imm2 ? 16u << (imm2 - 1) : 1u << (vtype >> 3 & 7);",
+                                             "return imm2 ? 16u << (imm2 - 1) : 2u << (vtype >> 3 & 7);"),
+        "vmadot reads A unsigned": ("d->a_signed = w >> 13 & 1;", "d->a_signed = 0;"),
+    }
+    old, new = edits[mutation]
+    assert text.count(old) == 1, "ime2_emu.c changed: update the mutations"
+    return text.replace(old, new)
+
+
+@NEEDS_TOOLS
+@pytest.mark.parametrize("mutation", ["vpack takes vs2 first", "vpack imm2 0 takes 16-bit chunks",
+                                      "vmadot reads A unsigned"])
+def test_moe_i8i5_check_fails_on_a_wrong_emulator(tmp_path, mutation):
+    """moe_m2_gemm_kernel_i8i5 sees vpack's chunk order, its imm2 0 chunk and vmadot's A signedness: each
+    mistake makes both variants miss their model by far. (It does not see vupack's even and odd chunks
+    swapped: the kernel splits A and B with the same vupack, so the swap pairs k 16-31 with k 16-31 and the
+    dot is unchanged; gemm_kernel_i8i8 pins that order.)"""
+    exe = ime2.build(emulator=_emulator_mutation((toolchain.RUNTIME_DIR / "ime2_emu.c").read_text(), mutation))
+    for zp in (False, True):
+        case = ime2.MoECase.random(np.random.default_rng(46), 2, 32, 2, 1, 1, bits=5, zero_points=zp)
+        run = ime2.run(exe, case.kernel, case, tmp_path / str(zp))
+        assert not ime2.error_units(run, case.reference()) <= 1000

@@ -19,8 +19,11 @@ out operands or results with vpack/vupack, so the emulator runs those two as wel
 paths each: i8i8 (`gemm_kernel_i8i8`: Q8 weights, vmadot i8 + vpack + vupack), i8i2k (Q2_K: m4
 vmadotsu.hp, m1 vmadotsu i8; both vmadotsu/vmadotu for the zero points), i8i3k (Q3_K: m4 vmadot i8, m1
 vmadot.hp), i8i5 (Q5_0 and Q5_1: vmadot i8, vpack at pack_len SEW 8) and Q4_0's two (i8i4 for K blocks of 32,
-i8i4_hp for 256-code super-blocks: vnpack4 + vmadotsu.hp/vmadotu.hp i4). gemm_kernel_i8mxfp4 runs its scalar
-reference (its dispatcher's `#if 1`), so it has no IME2 to check."""
+i8i4_hp for 256-code super-blocks: vnpack4 + vmadotsu.hp/vmadotu.hp i4); and the two MoE entry points, driven
+by ime.cpp's expert walk (MoECase): moe_m2_gemm_kernel_i8i4 (two token rows per call, vnpack4 at imm2 2 +
+vmadotsu.hp/vmadotu.hp i4; Q4_0 and, with zero points, Q4_1) and moe_m2_gemm_kernel_i8i5 (vmadot i8, vpack,
+vupack; Q5_0 and Q5_1). gemm_kernel_i8mxfp4 runs its scalar reference (its dispatcher's `#if 1`) and
+moe_m2_gemm_kernel_i8mxfp4's call is commented out, so neither has IME2 to check."""
 
 from __future__ import annotations
 
@@ -223,6 +226,8 @@ def run(exe: Path, kernel: str, case, work: Path) -> PeerRun:
     work.mkdir(parents=True, exist_ok=True)
     (work / "a.bin").write_bytes(case.a_bytes())
     (work / "b.bin").write_bytes(case.b_bytes())
+    if isinstance(case, MoECase):
+        (work / "calls.txt").write_text(case.calls_text())
     cmd = [toolchain.QEMU, "-L", str(toolchain.SYSROOT), "-cpu", toolchain.qemu_cpu(VLEN), str(exe),
            kernel, str(M), str(N), str(k_blks), str(case.blk_len), str(work)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -708,3 +713,174 @@ def q40_definition(case: Q40Case | Q40HPCase) -> np.ndarray:
     A = case.a_codes.astype(np.float64).reshape(M, -1, HP_SUBS, 32) * a_scale[..., None]
     B = case.b_d.astype(np.float64)[..., None] * (case.b_codes.reshape(N, -1, HP_SUBS, 32) - 8)
     return A.reshape(M, -1) @ B.reshape(N, -1).T
+
+
+# ---------------------------------------------------------------- MoE: moe_m2_gemm_kernel_i8i4, moe_m2_gemm_kernel_i8i5
+
+@dataclass(frozen=True)
+class MoECall:
+    """One call of ime.cpp's expert walk: two (token, slot) rows through moe_m2_gemm_kernel_* (`pair`), or the
+    row left over through gemm_kernel_* with count_m 1 (its m1 path)."""
+    expert: int
+    tokens: tuple[int, ...]  # A rows (1 or 2)
+    outs: tuple[int, ...]    # C rows: token * slots + slot
+
+
+def moe_walk(ids: np.ndarray) -> tuple[MoECall, ...]:
+    """ime.cpp's MUL_MAT_ID walk for one thread: per expert in order, the (token, slot) rows routed to it in
+    token order, two at a time through the m2 kernel, an odd last one through the expert's gemm_kernel."""
+    tokens, slots = ids.shape
+    calls = []
+    for e in np.unique(ids):
+        rows = [(t, s) for t in range(tokens) for s in range(slots) if ids[t, s] == e]
+        for i in range(0, len(rows) - 1, 2):
+            (t0, s0), (t1, s1) = rows[i], rows[i + 1]
+            calls.append(MoECall(int(e), (t0, t1), (t0 * slots + s0, t1 * slots + s1)))
+        if len(rows) % 2:
+            t, s = rows[-1]
+            calls.append(MoECall(int(e), (t,), (t * slots + s,)))
+    return tuple(calls)
+
+
+@dataclass(frozen=True)
+class MoECase:
+    """A MUL_MAT_ID: each token's Q8 A row (per block of 32: fp32 scale, int16 sum, int8 codes, as
+    quantize_a_row_i8 writes it) times the B of each expert its slots select (`ids`, distinct per token), one C
+    row per token and slot. B per expert, column and block: fp16 d, [a uint8 zero point z], codes q: 4-bit
+    (Q4_0, or Q4_1 / Q4_K with z) or 5-bit (Q5_0, Q5_1 with z). What the kernels compute per block, their
+    scalar references (moe_gemm_kernel_i8i{4,5}_mrow_ref) a_scale * d * (dot(a, q) + z * a_sum), z = 8 (Q4_0)
+    or 16 (Q5_0) without zero points; llama.cpp's quantizer stores a_sum = minus the codes' sum, making it
+    d * (q - z). The 5-bit kernels form the integer sum exactly; the 4-bit ones go through FP16 .hp tiles
+    (reference())."""
+    a_codes: np.ndarray   # (T, kb, 32) int8
+    a_scales: np.ndarray  # (T, kb) fp32
+    a_sums: np.ndarray    # (T, kb) int16
+    b_codes: np.ndarray   # (E, N, kb, 32) 0..15 or 0..31
+    b_d: np.ndarray       # (E, N, kb) fp16
+    b_zps: np.ndarray | None  # (E, N, kb) uint8, or None
+    ids: np.ndarray       # (T, slots) expert of each token's slot
+    bits: int             # 4 or 5
+
+    blk_len = BLK_LEN
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(C rows, N, K blocks)."""
+        return self.ids.size, self.b_codes.shape[1], self.a_codes.shape[1]
+
+    @property
+    def kernel(self) -> str:
+        return f"moe_i8i{self.bits}" + ("" if self.b_zps is None else "zp")
+
+    @staticmethod
+    def random(rng: np.random.Generator, tokens: int, N: int, kb: int, experts: int, slots: int, *, bits: int,
+               zero_points: bool, extreme: bool = False) -> MoECase:
+        """Random routing (each token's slots distinct experts) and random codes, or (extreme) A codes -127/127
+        (llama.cpp's quantizer never writes -128), B codes at both ends, zero points at both ends (Q4_1: 0..15,
+        repack's clamp; Q5_1: 0..255)."""
+        E, top = experts, 2 ** bits
+        if extreme:
+            a = np.where(rng.random((tokens, kb, BLK_LEN)) < 0.5, -127, 127).astype(np.int8)
+            b = np.where(rng.random((E, N, kb, BLK_LEN)) < 0.5, 0, top - 1)
+        else:
+            a = rng.integers(-127, 128, (tokens, kb, BLK_LEN)).astype(np.int8)
+            b = rng.integers(0, top, (E, N, kb, BLK_LEN))
+        zp_top = 16 if bits == 4 else 256
+        zps = None
+        if zero_points:
+            zps = (np.where(rng.random((E, N, kb)) < 0.5, 0, zp_top - 1) if extreme
+                   else rng.integers(0, zp_top, (E, N, kb))).astype(np.uint8)
+        ids = np.stack([rng.permutation(E)[:slots] for _ in range(tokens)])
+        return MoECase(a, rng.uniform(0.001, 0.02, (tokens, kb)).astype(np.float32),
+                       -a.astype(np.int16).sum(axis=2, dtype=np.int16), b,
+                       rng.uniform(-0.02, 0.02, (E, N, kb)).astype(np.float16), zps, ids, bits)
+
+    def calls(self) -> tuple[MoECall, ...]:
+        return moe_walk(self.ids)
+
+    def calls_text(self) -> str:
+        lines = [" ".join(map(str, (len(c.tokens), c.expert, *c.tokens, *c.outs))) for c in self.calls()]
+        return "\n".join(lines) + "\n"
+
+    def a_bytes(self) -> bytes:
+        """Token after token, each row's blocks: fp32 scale, int16 sum, 32 codes (q8_blk_size(32, true))."""
+        T, kb, _ = self.a_codes.shape
+        return b"".join(self.a_scales[t, k].tobytes() + self.a_sums[t, k].tobytes() + self.a_codes[t, k].tobytes()
+                        for t in range(T) for k in range(kb))
+
+    def b_bytes(self) -> bytes:
+        """Expert after expert, each as its gemm_kernel reads it: per group of 32 columns and block, 4-bit: the 32
+        fp16 scales, [32 zero points], column ci's 16 bytes of nibbles at ci * 16; 5-bit: nrow_block_q5_0/1<32>
+        (Q5Case.b_bytes)."""
+        out = []
+        for e in range(self.b_codes.shape[0]):
+            zps = None if self.b_zps is None else self.b_zps[e]
+            if self.bits == 5:
+                out.append(Q5Case(self.a_codes, self.a_scales, self.a_sums, self.b_codes[e], self.b_d[e],
+                                  zps).b_bytes())
+                continue
+            for n in range(0, self.b_codes.shape[1], NB_COLS):
+                cols = slice(n, n + NB_COLS)
+                for k in range(self.b_codes.shape[2]):
+                    out += [self.b_d[e, cols, k].tobytes(), b"" if zps is None else zps[cols, k].tobytes(),
+                            pack_nibbles(self.b_codes[e, cols, k]).tobytes()]
+        return b"".join(out)
+
+    def single_rows(self) -> np.ndarray:
+        """(C rows,) bool: the rows the walk leaves to gemm_kernel's m1 path."""
+        single = np.zeros(self.ids.size, bool)
+        for c in self.calls():
+            if len(c.outs) == 1:
+                single[c.outs[0]] = True
+        return single
+
+    def expert_terms(self, e: int, single: np.ndarray) -> np.ndarray:
+        """(T, N, kb) the fp32 terms every token would add with expert e's B, through the m2 kernel or, where
+        `single` (T,), gemm_kernel's m1 path."""
+        a_scale = self.a_scales.astype(np.float64)[:, None, :]
+        d = self.b_d[e].astype(np.float64)[None]
+        a_sum = self.a_sums.astype(np.int64)[:, None, :]
+        zp = None if self.b_zps is None else self.b_zps[e].astype(np.int64)[None]
+        if self.bits == 5:
+            # moe_m2 and m1 alike: the integer sum dot + z * a_sum, exact in int32 and fp32.
+            dots = np.einsum("tbk,nbk->tnb", self.a_codes.astype(np.int64), self.b_codes[e].astype(np.int64))
+            return a_scale * d * (dots + (16 if zp is None else zp) * a_sum)
+        hi, lo = split_dots(self.a_codes, self.b_codes[e], BLK_LEN)
+        if zp is None:
+            # Both paths: the .hp tile starts at fp16(int16(8 * a_sum)) (e16 shift or multiply), then the
+            # high nibbles at scale 16 and the low ones at 1; then a_scale * (d * H) in fp32 (as Q40Case).
+            start = (8 * a_sum).astype(np.int16).astype(np.float64).astype(np.float16)
+            H = hp_step(hp_step(np.broadcast_to(start, hi.shape), hi, np.float16(16)), lo, np.float16(1))
+            return a_scale * (d * H.astype(np.float64))
+        # Zero points: the tile starts at +0; the m2 kernel adds z * a_sum as an exact int32 in fp32, the m1
+        # path (gemm_kernel_i8i4_m1) forms it in int16 (e16 vmul: it wraps) and converts it to fp16.
+        H = hp_step(hp_step(np.zeros(hi.shape, np.float16), hi, np.float16(16)), lo, np.float16(1))
+        zsum = zp * a_sum
+        m1_zsum = zsum.astype(np.int16).astype(np.float64).astype(np.float16).astype(np.float64)
+        zsum = np.where(single[:, None, None], m1_zsum, zsum)
+        return a_scale * d * (H.astype(np.float64) + zsum)
+
+    def reference(self) -> tuple[np.ndarray, np.ndarray]:
+        """(C, bound): C row t * slots + s from token t's terms with expert ids[t, s], summed over blocks;
+        bound = the sum of those terms' magnitudes."""
+        T, slots = self.ids.shape
+        single = self.single_rows().reshape(T, slots)
+        C = np.zeros((T, slots, self.b_codes.shape[1]))
+        bound = np.zeros_like(C)
+        for e in np.unique(self.ids):
+            for s in range(slots):
+                rows = self.ids[:, s] == e
+                if rows.any():
+                    terms = self.expert_terms(int(e), single[:, s])[rows]
+                    C[rows, s], bound[rows, s] = terms.sum(axis=2), np.abs(terms).sum(axis=2)
+        return C.reshape(T * slots, -1), bound.reshape(T * slots, -1)
+
+    def definition(self) -> np.ndarray:
+        """What the kernels approximate: the dequantized product in float64 (A = a_scale * code, B = d * (q - z)),
+        which the models above differ from by FP16 rounding only (for the 4-bit kernels)."""
+        T, slots = self.ids.shape
+        A = (self.a_codes.astype(np.float64) * self.a_scales.astype(np.float64)[:, :, None]).reshape(T, -1)
+        z = (8 if self.bits == 4 else 16) if self.b_zps is None else self.b_zps.astype(np.float64)[..., None]
+        B = self.b_d.astype(np.float64)[..., None] * (self.b_codes - z)          # (E, N, kb, 32)
+        C = np.stack([A[t] @ B[self.ids[t, s]].reshape(B.shape[1], -1).T for t in range(T) for s in range(slots)])
+        return C

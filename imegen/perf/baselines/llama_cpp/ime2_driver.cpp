@@ -7,6 +7,13 @@
 //   DIR/b.bin: the repacked B (32-column groups);  writes DIR/c.bin (M x N fp32, ldc = N)
 // Prints "rows <r>" per call and "emulated <IME2 instructions>". ggml_abort stands in for ggml.c's (the
 // kernels' asserts reference it).
+//
+// MoE (KERNEL moe_i8i4, moe_i8i4zp, moe_i8i5, moe_i8i5zp): ime.cpp's expert walk. M is the number of C rows
+// (one per token and expert slot); a.bin holds one quantized A row per token (k_blks blocks of scale, sum, 32
+// codes, as quantize_a_row_i8 writes it), b.bin every expert's B one after another, DIR/calls.txt the calls in
+// order: "2 E A0 A1 C0 C1" runs moe_m2_gemm_kernel_* on expert E's B with token rows A0, A1 into C rows C0, C1
+// (all N columns in one call, as ime.cpp passes them); "1 E A0 C0" runs the rows left over through the
+// expert's gemm_kernel_* (count_m 1: the m1 path), one group of 32 columns per call.
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +44,9 @@ namespace {
 using entry_fn = size_t (*)(size_t, const uint8_t *, const uint8_t *, const uint8_t *, float *, size_t, size_t,
                             size_t, size_t);
 
+using moe_fn = size_t (*)(size_t, const uint8_t **, const uint8_t *, const uint8_t *, float **, size_t, size_t,
+                          size_t, size_t);
+
 struct entry {
     const char *name;
     entry_fn    fn;
@@ -44,6 +54,14 @@ struct entry {
     size_t      b_col_bytes_per_blk;  // bytes per column and k block in the B layout (scale, blk_len codes)
     bool        zp_flag;              // pass a non-null quant_b_zp: i8i5 then reads Q5_1 blocks (zero points
                                       // inside B), else Q5_0; no kernel reads through the pointer
+};
+
+struct moe_entry {
+    const char *name;
+    moe_fn      pair;                 // the two-row MoE entry point
+    entry_fn    single;               // what ime.cpp runs a leftover row through
+    size_t      b_col_bytes_per_blk;  // bytes per column and k block of one expert's B
+    bool        zp_flag;              // non-null quant_b_zp: Q4_1 / Q5_1 blocks (zero points inside B)
 };
 
 std::vector<uint8_t> read_file(const std::string &path)
@@ -60,6 +78,58 @@ std::vector<uint8_t> read_file(const std::string &path)
         data.insert(data.end(), buf, buf + n);
     fclose(f);
     return data;
+}
+
+// ime.cpp's MoE walk over DIR/calls.txt (see the head of this file); returns the exit status.
+int run_moe(const moe_entry &e, size_t M, size_t N, size_t k_blks, size_t blk_len, const std::string &dir)
+{
+    const size_t         a_row = k_blks * (sizeof(float) + sizeof(int16_t) + blk_len);  // q8_blk_size(32, true)
+    const size_t         expert_bytes = N * k_blks * e.b_col_bytes_per_blk;
+    std::vector<uint8_t> a = read_file(dir + "/a.bin"), b = read_file(dir + "/b.bin");
+    if (a.empty() || a.size() % a_row != 0 || N % 32 != 0 || b.empty() || b.size() % expert_bytes != 0) {
+        fprintf(stderr, "ime2 driver: a.bin (%zu bytes) or b.bin (%zu bytes) is not whole rows / experts\n",
+                a.size(), b.size());
+        return 2;
+    }
+    const size_t       tokens = a.size() / a_row, experts = b.size() / expert_bytes;
+    std::vector<float> c(M * N, -12345.0f);
+    static const uint8_t zp_flag = 0;
+    const uint8_t       *zp = e.zp_flag ? &zp_flag : nullptr;
+    FILE                *calls = fopen((dir + "/calls.txt").c_str(), "r");
+    if (!calls) {
+        perror("calls.txt");
+        return 2;
+    }
+    imegen_ime2_emu_install();
+    size_t rows, ex, a0, a1, c0, c1;
+    while (fscanf(calls, "%zu %zu", &rows, &ex) == 2) {
+        bool ok = ex < experts && (rows == 2 ? fscanf(calls, "%zu %zu %zu %zu", &a0, &a1, &c0, &c1) == 4 :
+                                   rows == 1 && fscanf(calls, "%zu %zu", &a0, &c0) == 2);
+        ok = ok && a0 < tokens && c0 < M && (rows == 1 || (a1 < tokens && c1 < M));
+        if (!ok) {
+            fprintf(stderr, "ime2 driver: bad line in calls.txt\n");
+            return 2;
+        }
+        const uint8_t *expert = b.data() + ex * expert_bytes;
+        if (rows == 2) {
+            const uint8_t *a_rows[2] = { a.data() + a0 * a_row, a.data() + a1 * a_row };
+            float         *c_rows[2] = { c.data() + c0 * N, c.data() + c1 * N };
+            printf("rows %zu\n", e.pair(blk_len, a_rows, expert, zp, c_rows, 1, N, k_blks, N));
+        } else {
+            for (size_t n = 0; n < N; n += 32)
+                printf("rows %zu\n", e.single(blk_len, a.data() + a0 * a_row,
+                                              expert + n * e.b_col_bytes_per_blk * k_blks, zp, c.data() + c0 * N + n,
+                                              1, 32, k_blks, N));
+        }
+    }
+    fclose(calls);
+    printf("emulated %lu\n", imegen_ime2_emu_count());
+    FILE *f = fopen((dir + "/c.bin").c_str(), "wb");
+    if (!f || fwrite(c.data(), sizeof(float), c.size(), f) != c.size() || fclose(f) != 0) {
+        perror("c.bin");
+        return 2;
+    }
+    return 0;
 }
 
 }  // namespace
@@ -97,6 +167,19 @@ int main(int argc, char **argv)
         { "i8i4", spacemit_kernels::ime2::gemm_kernel_i8i4, q8_row, 2 + blk_len / 2, false },
         { "i8i4hp", spacemit_kernels::ime2::gemm_kernel_i8i4_hp, q8_hp_row, (blk_len / 32) * (2 + 16), false },
     };
+    const moe_entry moe_entries[] = {
+        { "moe_i8i4", spacemit_kernels::ime2::moe_m2_gemm_kernel_i8i4, spacemit_kernels::ime2::gemm_kernel_i8i4,
+         2 + blk_len / 2, false },
+        { "moe_i8i4zp", spacemit_kernels::ime2::moe_m2_gemm_kernel_i8i4, spacemit_kernels::ime2::gemm_kernel_i8i4,
+         2 + 1 + blk_len / 2, true },
+        { "moe_i8i5", spacemit_kernels::ime2::moe_m2_gemm_kernel_i8i5, spacemit_kernels::ime2::gemm_kernel_i8i5,
+         sizeof(spacemit_kernels::nrow_block_q5_0<32>) / 32, false },
+        { "moe_i8i5zp", spacemit_kernels::ime2::moe_m2_gemm_kernel_i8i5, spacemit_kernels::ime2::gemm_kernel_i8i5,
+         sizeof(spacemit_kernels::nrow_block_q5_1<32>) / 32, true },
+    };
+    for (const moe_entry &x : moe_entries)
+        if (kernel == x.name)
+            return run_moe(x, M, N, k_blks, blk_len, dir);
     static const uint8_t zp_flag = 0;
     const entry *e = nullptr;
     for (const entry &x : entries)
