@@ -65,6 +65,11 @@ CONFIGS = [
     "op = gemm  tile = 8x32  panel = 32  k_unroll = 1  bits = 8  block = 16  zero_point = asymmetric  bias = yes",
     "op = gemm  tile = 8x32  panel = 64  k_unroll = 2  block = 128  zero_point = symmetric  bias = yes",
     "op = gemv  tile = 1x16  panel = 32  k_unroll = 2  zero_point = asymmetric  bias = yes  scales = separate",
+    # 4-bit 8x32 in blocks of 32: zero points subtracted from B in the k loop (kernel.gemm_zp_in_loop), 8 rows of
+    # A quantized at once where interleaved; the second 32 columns of a 64-column panel, the symmetric code - 8
+    "op = gemm  tile = 8x32  panel = 64  k_unroll = 2  unpack = interleaved  zero_point = asymmetric  bias = yes",
+    "op = gemm  tile = 8x32  panel = 32  k_unroll = 2  unpack = interleaved  zero_point = symmetric",
+    "op = gemm  tile = 8x32  panel = 32  k_unroll = 2  zero_point = symmetric  bias = yes",
 ]
 
 
@@ -139,6 +144,7 @@ def test_random_valid_configs_match_numpy(data):
     ("op = gemv  tile = 1x16  bits = 8  k_unroll = 4  block = 64", (3, 40, 8192)),
     ("op = gemm  tile = 8x32  panel = 32  zero_point = asymmetric  bias = yes", (90, 40, 8192)),
     ("op = gemv  tile = 1x32  panel = 32  zero_point = asymmetric  bias = yes", (1, 40, 8192)),
+    ("op = gemm  tile = 8x32  panel = 32  unpack = interleaved  zero_point = asymmetric", (90, 40, 8192)),
 ])
 def test_several_m_blocks_and_k_chunks(settings, shape):
     """A's workspace holds the rows of one M block (3/4 of the L2) per K chunk; blocks after the first
@@ -150,12 +156,17 @@ def test_several_m_blocks_and_k_chunks(settings, shape):
         assert compare(plan, case, result).ok, compiler
 
 
-@pytest.mark.parametrize("op", ["gemm", "gemv"])
+NAN_KERNELS = {"gemm": ("op = gemm  tile = 8x8  panel = 8", 5), "gemv": ("op = gemv  tile = 1x16", 1),
+               # 8 rows of A quantized at once (quantize_tile_rows_to): the bad row is the first tile's last
+               "gemm 8x32": ("op = gemm  tile = 8x32  panel = 32  unpack = interleaved  zero_point = asymmetric", 8)}
+
+
+@pytest.mark.parametrize("op", list(NAN_KERNELS))
 def test_a_nan_or_inf_in_a_reaches_its_row_of_c(op):
     """Dequantize-then-matmul makes a row of C NaN (non-finite for an inf) when its row of A holds one; the
     other rows are untouched."""
-    plan = plan_kernel(spec_of("op = gemm  tile = 8x8  panel = 8" if op == "gemm" else "op = gemv  tile = 1x16"))
-    M = 5 if op == "gemm" else 1
+    settings, M = NAN_KERNELS[op]
+    plan = plan_kernel(spec_of(settings))
     [clean] = make_cases(plan, np.random.default_rng(2), [(M, 20, 2 * plan.spec.block + 7)], exact=False)
     bad = []
     for value in (np.nan, np.inf, -np.inf):
