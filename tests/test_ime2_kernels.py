@@ -107,6 +107,25 @@ def test_the_example_kernels_fold_in_registers_and_gather_nothing_from_memory():
         assert "quantize_block_to(" in c_source, spec.name
 
 
+def test_the_example_prefill_subtracts_zero_points_in_the_k_loop():
+    """The example's 4-bit gemm (ort-accelerate --target k3's prefill kernel) takes B's zero points off its codes
+    in the k loop and multiplies signed x signed, so its fold has no zp x sum(a) term and reads no code sums, and
+    its A quantizer does 8 rows of a block at once (docs/ime2-isa.md §10.3)."""
+    from pathlib import Path
+
+    from imegen import render
+    from imegen.ir import load_specs
+
+    [spec] = [s for s in load_specs(Path(__file__).resolve().parents[1] / "examples" / "ime2_k3.imegen")
+              if s.name == "q4_prefill_k3"]
+    plan = plan_kernel(spec)
+    vmadots = [op for op in plan.ime.body if op.kind == "vmadot"]
+    assert len(vmadots) == 8 and all(op.comment.startswith("smt.vmadot ") for op in vmadots)
+    assert sum(op.kind == "vsub" for op in plan.ime.body) == 2
+    assert not any("vfnmsac" in op.text or "%[as]" in op.text for op in plan.ime.fold)
+    assert "quantize_tile_rows_to(" in render.render_kernel(plan, FILE)[f"{spec.name}.c"]
+
+
 @st.composite
 def ime2_specs(draw):
     """Valid ime2 specs: tiles in vmadot's 8x8 steps, the rest of the settings drawn freely (the validator
@@ -271,6 +290,18 @@ def test_wrong_slide_fails_check(monkeypatch):
     real = kernel.encode_vmadot
     monkeypatch.setattr(kernel, "encode_vmadot", lambda vd, vs1, vs2, **kw: real(vd, vs1, vs2, **{**kw, "slide": 0}))
     rows = check_kernel(plan_kernel(spec_of(GEMV_SLIDES)), FILE)
+    assert len(_failing_rows(rows)) == 2
+
+
+def test_zero_points_left_in_b_fail_check(monkeypatch):
+    """The 4-bit 8x32 gemm in blocks of 32 subtracts B's zero points in its k loop; without the subtraction
+    its dots keep zp x sum(a), and check fails."""
+    from imegen.targets.ime2 import kernel
+
+    real = kernel.zp_loop_body
+    monkeypatch.setattr(kernel, "zp_loop_body", lambda spec, zp: tuple(op for op in real(spec, zp) if op.kind != "vsub"))
+    rows = check_kernel(plan_kernel(spec_of("op = gemm  tile = 8x32  panel = 32  k_unroll = 2  unpack = interleaved"
+                                            "  zero_point = asymmetric")), FILE)
     assert len(_failing_rows(rows)) == 2
 
 

@@ -553,14 +553,15 @@ def zp_free_fold() -> tuple[AsmOp, ...]:
                 _spread(G_COL, G_IDX_COL, "b_scale by column"),
                 AsmOp("vfmul", f"vfmul.vv v{G_COL}, v{G_COL}, v{G_ROW}", "a_scale x b_scale"),
                 AsmOp("vfmacc", f"vfmacc.vv v{G_FACC + 4 * half}, v{4 * half}, v{G_COL}", "facc += dot x scale")]
-    return tuple(ops)  # under e32, LMUL 4, as zp_block_zero needs
+    return tuple(ops)
 
 
 def zp_block_zero() -> tuple[AsmOp, ...]:
-    """A block's int32 accumulators = 0 as it starts, under e32 LMUL 4: half on the integer unit, half on the FP
-    unit (+0.0f is all zero bits), which the fold keeps about equally busy."""
-    return (AsmOp("vmv", "vmv.v.i v0, 0", "int32 accumulators = 0: half on the integer unit,"),
-            AsmOp("vfmv", "vfmv.v.f v4, ft1", "half on the FP unit"))
+    """A block's int32 accumulators = 0 as it starts, on the FP unit (+0.0f is all zero bits): without the
+    zero-point term the fold leaves it the less busy unit (the integer one has the unpack and the gathers), and
+    one LMUL-8 move and its vsetvli cost less vector issue than two LMUL-4 moves."""
+    return (AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
+            AsmOp("vfmv", "vfmv.v.f v0, ft1", "int32 accumulators = 0"))
 
 
 def zp_tile_start(spec: KernelSpec) -> tuple[AsmOp, ...]:
@@ -571,5 +572,4 @@ def zp_tile_start(spec: KernelSpec) -> tuple[AsmOp, ...]:
             AsmOp("addi", f"addi t1, %[idx], {2 * HALF_LANES}"),
             AsmOp("vle8", f"vl2re16.v v{G_IDX_COL}, (t1)", "lane -> column, columns 0-15"),
             AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
-            AsmOp("vfmv", f"vfmv.v.f v{G_FACC}, ft1", "fp32 accumulators: +0.0f"),
-            AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma", "zp_block_zero's vtype"))
+            AsmOp("vfmv", f"vfmv.v.f v{G_FACC}, ft1", "fp32 accumulators: +0.0f"))
