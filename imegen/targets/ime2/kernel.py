@@ -208,7 +208,7 @@ def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
     acc_zero = (*zero_accumulators(2 * ma * na, on_vfp=False), AsmOp("vset", ENTRY_VTYPE, "vmadot: e8, LMUL 1, vl = 128"))
     b_walk = iterations * b_groups(spec) * b_stride
     g = gemv_fold_registers(spec)
-    if gemm_zp_in_loop(spec):
+    if gemm_zp_in_loop(spec):  # B's zero points off in the k loop; its one iteration leaves B's pointer alone
         in_regs = dict(facc_regs=((G_FACC,),), tile_start=zp_tile_start(spec), acc_zero=zp_block_zero(),
                        fold=zp_free_fold(), block_end=gemm_block_end(spec, pack, 0), tile_end=gemm_tile_end(),
                        index16=zp_lane_tables(), clobbers=tuple(f"v{x}" for x in range(VECTOR_REGISTERS)))
