@@ -65,6 +65,11 @@ CONFIGS = [
     "op = gemm  tile = 8x32  panel = 32  k_unroll = 1  bits = 8  block = 16  zero_point = asymmetric  bias = yes",
     "op = gemm  tile = 8x32  panel = 64  k_unroll = 2  block = 128  zero_point = symmetric  bias = yes",
     "op = gemv  tile = 1x16  panel = 32  k_unroll = 2  zero_point = asymmetric  bias = yes  scales = separate",
+    # 4-bit 8x32 in blocks of 32: zero points subtracted from B in the k loop (kernel.gemm_zp_in_loop), 8 rows of
+    # A quantized at once where interleaved; the second 32 columns of a 64-column panel, the symmetric code - 8
+    "op = gemm  tile = 8x32  panel = 64  k_unroll = 2  unpack = interleaved  zero_point = asymmetric  bias = yes",
+    "op = gemm  tile = 8x32  panel = 32  k_unroll = 2  unpack = interleaved  zero_point = symmetric",
+    "op = gemm  tile = 8x32  panel = 32  k_unroll = 2  zero_point = symmetric  bias = yes",
 ]
 
 
@@ -100,6 +105,25 @@ def test_the_example_kernels_fold_in_registers_and_gather_nothing_from_memory():
         c_source = render.render_kernel(plan, FILE)[f"{spec.name}.c"]
         assert "vluxei" not in c_source and "vsuxei" not in c_source, spec.name
         assert "quantize_block_to(" in c_source, spec.name
+
+
+def test_the_example_prefill_subtracts_zero_points_in_the_k_loop():
+    """The example's 4-bit gemm (ort-accelerate --target k3's prefill kernel) takes B's zero points off its codes
+    in the k loop and multiplies signed x signed, so its fold has no zp x sum(a) term and reads no code sums, and
+    its A quantizer does 8 rows of a block at once (docs/ime2-isa.md §10.3)."""
+    from pathlib import Path
+
+    from imegen import render
+    from imegen.ir import load_specs
+
+    [spec] = [s for s in load_specs(Path(__file__).resolve().parents[1] / "examples" / "ime2_k3.imegen")
+              if s.name == "q4_prefill_k3"]
+    plan = plan_kernel(spec)
+    vmadots = [op for op in plan.ime.body if op.kind == "vmadot"]
+    assert len(vmadots) == 8 and all(op.comment.startswith("smt.vmadot ") for op in vmadots)
+    assert sum(op.kind == "vsub" for op in plan.ime.body) == 2
+    assert not any("vfnmsac" in op.text or "%[as]" in op.text for op in plan.ime.fold)
+    assert "quantize_tile_rows_to(" in render.render_kernel(plan, FILE)[f"{spec.name}.c"]
 
 
 @st.composite
@@ -139,6 +163,7 @@ def test_random_valid_configs_match_numpy(data):
     ("op = gemv  tile = 1x16  bits = 8  k_unroll = 4  block = 64", (3, 40, 8192)),
     ("op = gemm  tile = 8x32  panel = 32  zero_point = asymmetric  bias = yes", (90, 40, 8192)),
     ("op = gemv  tile = 1x32  panel = 32  zero_point = asymmetric  bias = yes", (1, 40, 8192)),
+    ("op = gemm  tile = 8x32  panel = 32  unpack = interleaved  zero_point = asymmetric", (90, 40, 8192)),
 ])
 def test_several_m_blocks_and_k_chunks(settings, shape):
     """A's workspace holds the rows of one M block (3/4 of the L2) per K chunk; blocks after the first
@@ -150,12 +175,17 @@ def test_several_m_blocks_and_k_chunks(settings, shape):
         assert compare(plan, case, result).ok, compiler
 
 
-@pytest.mark.parametrize("op", ["gemm", "gemv"])
+NAN_KERNELS = {"gemm": ("op = gemm  tile = 8x8  panel = 8", 5), "gemv": ("op = gemv  tile = 1x16", 1),
+               # 8 rows of A quantized at once (quantize_tile_rows_to): the bad row is the first tile's last
+               "gemm 8x32": ("op = gemm  tile = 8x32  panel = 32  unpack = interleaved  zero_point = asymmetric", 8)}
+
+
+@pytest.mark.parametrize("op", list(NAN_KERNELS))
 def test_a_nan_or_inf_in_a_reaches_its_row_of_c(op):
     """Dequantize-then-matmul makes a row of C NaN (non-finite for an inf) when its row of A holds one; the
     other rows are untouched."""
-    plan = plan_kernel(spec_of("op = gemm  tile = 8x8  panel = 8" if op == "gemm" else "op = gemv  tile = 1x16"))
-    M = 5 if op == "gemm" else 1
+    settings, M = NAN_KERNELS[op]
+    plan = plan_kernel(spec_of(settings))
     [clean] = make_cases(plan, np.random.default_rng(2), [(M, 20, 2 * plan.spec.block + 7)], exact=False)
     bad = []
     for value in (np.nan, np.inf, -np.inf):
@@ -260,6 +290,18 @@ def test_wrong_slide_fails_check(monkeypatch):
     real = kernel.encode_vmadot
     monkeypatch.setattr(kernel, "encode_vmadot", lambda vd, vs1, vs2, **kw: real(vd, vs1, vs2, **{**kw, "slide": 0}))
     rows = check_kernel(plan_kernel(spec_of(GEMV_SLIDES)), FILE)
+    assert len(_failing_rows(rows)) == 2
+
+
+def test_zero_points_left_in_b_fail_check(monkeypatch):
+    """The 4-bit 8x32 gemm in blocks of 32 subtracts B's zero points in its k loop; without the subtraction
+    its dots keep zp x sum(a), and check fails."""
+    from imegen.targets.ime2 import kernel
+
+    real = kernel.zp_loop_body
+    monkeypatch.setattr(kernel, "zp_loop_body", lambda spec, zp: tuple(op for op in real(spec, zp) if op.kind != "vsub"))
+    rows = check_kernel(plan_kernel(spec_of("op = gemm  tile = 8x32  panel = 32  k_unroll = 2  unpack = interleaved"
+                                            "  zero_point = asymmetric")), FILE)
     assert len(_failing_rows(rows)) == 2
 
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 from ...spec import KernelSpec
 from ..base import ImeHarts, Refuse, Target
 from . import layout, rules
-from .kernel import ime2_plan
+from .kernel import gemm_zp_in_loop, ime2_plan
 
 
 class Ime2Target(Target):
@@ -56,6 +56,10 @@ class Ime2Target(Target):
 
     def pair_code_order(self, spec: KernelSpec) -> tuple[int, ...]:
         return layout.pair_code_order(spec)
+
+    def a_group_rows(self, spec: KernelSpec) -> int:
+        """Rows templates/quantize_ime2.c.j2 quantizes together (quantize_tile_rows_to), 0 for one at a time."""
+        return layout.a_group_rows(spec, gemm_zp_in_loop(spec))
 
     def lower(self, spec: KernelSpec, pack):
         return ime2_plan(spec, pack)

@@ -208,7 +208,12 @@ def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
     acc_zero = (*zero_accumulators(2 * ma * na, on_vfp=False), AsmOp("vset", ENTRY_VTYPE, "vmadot: e8, LMUL 1, vl = 128"))
     b_walk = iterations * b_groups(spec) * b_stride
     g = gemv_fold_registers(spec)
-    if gemm_fold_in_registers(spec):
+    if gemm_zp_in_loop(spec):  # B's zero points off in the k loop; its one iteration leaves B's pointer alone
+        in_regs = dict(facc_regs=((G_FACC,),), tile_start=zp_tile_start(spec), acc_zero=zp_block_zero(),
+                       fold=zp_free_fold(), block_end=gemm_block_end(spec, pack, 0), tile_end=gemm_tile_end(),
+                       index16=zp_lane_tables(), clobbers=tuple(f"v{x}" for x in range(VECTOR_REGISTERS)))
+        body = zp_loop_body(spec, default_zero_point(spec))
+    elif gemm_fold_in_registers(spec):
         r = allocate(spec, reserve=8)
         body, b_walk = _b_advance_to_block_end(loop_body(spec, r), iterations, b_walk, b_stride)
         entry = () if any(op.kind == "vset" for op in body) else (AsmOp("vset", ENTRY_VTYPE, "vmadot: LMUL 1"),)
@@ -477,3 +482,94 @@ def gemm_tile_end() -> tuple[AsmOp, ...]:
             ops += [AsmOp("addi", "addi %[n], %[n], -1"), AsmOp("beqz", "beqz %[n], 9f", "the tile's last row"),
                     AsmOp("add", "add t1, t1, %[ldcb]")]
     return (*ops, AsmOp("label", "9:"))
+
+
+# --- gemm 8x32, 4-bit, block 32: B's zero points subtracted in the k loop -----------------------------------
+#
+# B's codes minus their zero points (-15..15; symmetric: code - 8) times A's signed codes (vmadot, signed x
+# signed) give dot - zp x sum(a) in int32 directly, the same integer gemm_fold computes on the FP unit: the fold
+# is then the dots to fp32 and facc += dot x (a_scale x b_scale), with the same two roundings, and A's code sums
+# are never read. A block is one k iteration (k_unroll 2: one 128-byte B register per 8 columns holds its 32 k),
+# so the zero points are spread once per block over the unpacked B's 512 bytes: one byte gather through an e8
+# lane -> column table, at the unpack's own vtype. Registers: v16-v19 that table, then the low nibbles; v20-v23
+# the spread zero points, then A; v24-v27 the zero points as loaded (the gather's source), then B's codes
+# (their high nibbles after the unpack); v28-v31 the fold's lane -> row and lane -> column tables (gemm_lane_tables);
+# v0-v15 as gemm_fold's.
+
+Z_LOW, Z_ZP, Z_RAW, Z_A = 16, 20, 24, 20
+ZP_SPREAD_AT = ZEROS_AT + ZEROS_BYTES  # byte offset of the e8 table lane -> column (zp_lane_tables)
+
+
+def gemm_zp_in_loop(spec: KernelSpec) -> bool:
+    """The in-register 8x32 gemm of 4-bit codes in blocks of 32 k (one k iteration a block) takes this form."""
+    return gemm_fold_in_registers(spec) and spec.bits == 4 and spec.block == 2 * K_STEP
+
+
+def zp_lane_tables() -> tuple[int, ...]:
+    """gemm_lane_tables, then (at ZP_SPREAD_AT) the e8 table lane -> column of the unpacked B (byte L of the 4
+    B registers is column L / 16), two bytes to an e16 entry, little-endian."""
+    spread = [lane // K_STEP for lane in range(4 * A_TILE_BYTES)]
+    return (*gemm_lane_tables(), *(spread[2 * i] | spread[2 * i + 1] << 8 for i in range(len(spread) // 2)))
+
+
+def zp_loop_body(spec: KernelSpec, zp_default: int) -> tuple[AsmOp, ...]:
+    """The block's k loop: B's 32 columns x 32 k unpacked and less their zero points at e8 LMUL 4, then the 8
+    vmadots (signed x signed) at LMUL 1."""
+    low, raw = f"v{Z_LOW}", f"v{Z_RAW}"
+    ops = [AsmOp("vset", "vsetvli t0, zero, e8, m4, ta, ma", "the unpack: 512 bytes")]
+    if spec.zero_point == "asymmetric":
+        ops += [AsmOp("vle8", f"vl1re8.v {raw}, (%[zp])", "B's zero points, 32 columns"),
+                AsmOp("vle8", f"vl4re8.v {low}, (t2)", "lane -> column (ZP_SPREAD_AT)"),
+                AsmOp("vgather", f"vrgather.vv v{Z_ZP}, {raw}, {low}", "each column's zero point over its 16 bytes")]
+    ops += [AsmOp("vle8", f"vl4re8.v {raw}, (%[b])", "B cols 0..31, the block's 32 k"),
+            AsmOp("vand", f"vand.vi {low}, {raw}, 15", "low nibbles: the first 16-k step"),
+            AsmOp("vsrl", f"vsrl.vi {raw}, {raw}, 4", "high nibbles: the second")]
+    if spec.zero_point == "asymmetric":
+        ops += [AsmOp("vsub", f"vsub.vv {low}, {low}, v{Z_ZP}", "- zp: -15..15"), AsmOp("vsub", f"vsub.vv {raw}, {raw}, v{Z_ZP}")]
+    else:
+        ops += [AsmOp("vadd", f"vadd.vi {x}, {x}, {-zp_default}", f"- {zp_default}") for x in (low, raw)]
+    ops += [AsmOp("vle8", f"vl2re8.v v{Z_A}, (%[a])", "A: k-steps 0 and 1"),
+            AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma", "vmadot: LMUL 1")]
+    for k, first_b in enumerate((Z_LOW, Z_RAW)):
+        for ni in range(GEMM_FOLD_TILE[1] // 8):
+            word = encode_vmadot(2 * ni, Z_A + k, first_b + ni, signedness="ss")
+            ops.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic('ss')} v{2 * ni}, v{Z_A + k}, v{first_b + ni}"))
+    return (*ops, *_add_imm("%[a]", a_step(spec)))
+
+
+def zp_free_fold() -> tuple[AsmOp, ...]:
+    """gemm_fold without the zero-point term: the dots to fp32 (exact), times a_scale x b_scale into the fp32
+    accumulators; B's scales of columns 16-31 loaded from 64 bytes on (inside the chunk: its zero points and
+    codes follow), so that one lane -> column table serves both halves."""
+    m4 = AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma", "a half: 128 lanes")
+    ops = [AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"), AsmOp("vfcvt", "vfcvt.f.x.v v0, v0", "the dots, exact"),
+           AsmOp("vset", "vsetivli t0, 8, e32, m1, ta, ma", "the tile's 8 rows"),
+           AsmOp("vle32", f"vle32.v v{G_SRC}, (%[sa])", "the rows' A scales of the block"), m4,
+           _spread(G_ROW, G_IDX_ROW, "a_scale by row")]
+    for half in range(2):
+        if half:
+            ops.append(AsmOp("addi", "addi t1, %[sb], 64"))
+        ops += [AsmOp("vle8", f"vl1re32.v v{G_SRC}, ({'t1' if half else '%[sb]'})", f"B scales of columns {16 * half}.."),
+                _spread(G_COL, G_IDX_COL, "b_scale by column"),
+                AsmOp("vfmul", f"vfmul.vv v{G_COL}, v{G_COL}, v{G_ROW}", "a_scale x b_scale"),
+                AsmOp("vfmacc", f"vfmacc.vv v{G_FACC + 4 * half}, v{4 * half}, v{G_COL}", "facc += dot x scale")]
+    return tuple(ops)
+
+
+def zp_block_zero() -> tuple[AsmOp, ...]:
+    """A block's int32 accumulators = 0 as it starts, on the FP unit (+0.0f is all zero bits): without the
+    zero-point term the fold leaves it the less busy unit (the integer one has the unpack and the gathers), and
+    one LMUL-8 move and its vsetvli cost less vector issue than two LMUL-4 moves."""
+    return (AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
+            AsmOp("vfmv", "vfmv.v.f v0, ft1", "int32 accumulators = 0"))
+
+
+def zp_tile_start(spec: KernelSpec) -> tuple[AsmOp, ...]:
+    ops = [AsmOp("fmv", "fmv.w.x ft1, zero", "+0.0f")]
+    if spec.zero_point == "asymmetric":
+        ops.append(AsmOp("addi", f"addi t2, %[idx], {ZP_SPREAD_AT}", "the zero points' lane -> column table"))
+    return (*ops, AsmOp("vle8", f"vl2re16.v v{G_IDX_ROW}, (%[idx])", "lane -> row"),
+            AsmOp("addi", f"addi t1, %[idx], {2 * HALF_LANES}"),
+            AsmOp("vle8", f"vl2re16.v v{G_IDX_COL}, (t1)", "lane -> column, columns 0-15"),
+            AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
+            AsmOp("vfmv", f"vfmv.v.f v{G_FACC}, ft1", "fp32 accumulators: +0.0f"))

@@ -76,3 +76,12 @@ def pair_code_order(spec: KernelSpec) -> tuple[int, ...]:
     16-k step s of the pair (block s // 2; even k for s even, odd k for s odd: _a_position), its first 8 bytes
     from register `lo` (entries 0..31: 8 per segment), its last 8 from `hi` (entries 32..63)."""
     return tuple(16 * half + 32 * (s // 2) + 2 * j + s % 2 for half in range(2) for s in range(4) for j in range(8))
+
+
+def a_group_rows(spec: KernelSpec, sums_unused: bool) -> int:
+    """Rows of A templates/quantize_ime2.c.j2 quantizes a block of at once: a row tile of 8 where its two A tiles
+    of a block lie back to back (8-row tiles, interleaved 4-bit B in blocks of 32) and the kernel reads no code
+    sums (kernel.gemm_zp_in_loop), else 0 (row by row)."""
+    ok = (sums_unused and spec.tile_m == TILE_ROWS and spec.bits == 4 and spec.unpack == "interleaved"
+          and spec.block == 2 * K_STEP and spec.a_scale_type == "fp32")
+    return TILE_ROWS if ok else 0
