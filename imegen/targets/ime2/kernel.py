@@ -107,7 +107,8 @@ def signedness(spec: KernelSpec) -> str:
 def _unpack(spec: KernelSpec, low: int, raw: int) -> list[AsmOp]:
     """4-bit codes in v{raw} into the group's two 16-k steps: low nibbles into v{low}, high ones in place."""
     if signed_b(spec):
-        return [AsmOp("vxor", f"vxor.vx v{raw}, v{raw}, t2", f"nibbles ^ 8: q - 8 as signed 4-bit (t2 = {SIGNED_B_XOR:#x})"),
+        return [AsmOp("vxor", f"vxor.vx v{raw}, v{raw}, t2",
+                      f"nibbles ^ 8: q - 8 as signed 4-bit (t2 = {SIGNED_B_XOR:#x})"),
                 AsmOp("vsll", f"vsll.vi v{low}, v{raw}, 4", "16 (q - 8) of the low nibbles: the first 16-k step"),
                 AsmOp("vand", f"vand.vi v{raw}, v{raw}, -16", "16 (q - 8) of the high nibbles: the second")]
     return [AsmOp("vand", f"vand.vi v{low}, v{raw}, 15", "low nibbles: the first 16-k step"),
@@ -325,7 +326,8 @@ def gemv_fold(spec: KernelSpec, g: GemvRegisters, zp_default: int) -> tuple[AsmO
     if spec.scale_type == "fp16":
         ops += [AsmOp("vset", "vsetvli t0, zero, e16, mf2, ta, ma", "32 fp16 lanes"),
                 AsmOp("vle16", f"vle16.v v{z8}, (%[sb])", "B's fp16 scales"),
-                AsmOp("vfwcvt", f".word 0x{encode_vfwcvt_f_f(sb, z8):08x}", f"vfwcvt.f.f.v v{sb}, v{z8}: as fp32, exact")]
+                AsmOp("vfwcvt", f".word 0x{encode_vfwcvt_f_f(sb, z8):08x}",
+                      f"vfwcvt.f.f.v v{sb}, v{z8}: as fp32, exact")]
     ops.append(AsmOp("vset", "vsetvli t0, zero, e32, m1, ta, ma", "the fold: 32 lanes (and vmadot's vtype: LMUL 1, vl = VLMAX)"))
     if spec.zero_point == "asymmetric":
         ops += [AsmOp("lw", "lw t2, 0(%[as])", "the row's code sum of the block"),
