@@ -103,10 +103,23 @@ def test_imegen_extrapolation_matches_a_direct_run(name, M, N, K):
     assert x60.class_totals(got) == pytest.approx(x60.class_totals(direct), abs=0.5)
 
 
+def test_decode_rows_compare_q40_with_q40():
+    """The goal's decode comparison runs imegen in llama.cpp's own format (Q4_0: 4-bit, block 32, symmetric, fp16
+    scales); the ORT-format decode kernel's rows carry a kind of their own."""
+    specs = {s.name: s for s in load_spec(ime2.EXAMPLE)}
+    q40, asym = specs[ime2.DECODE_KERNEL], specs[ime2.ASYM_DECODE_KERNEL]
+    assert (q40.op, q40.bits, q40.block, q40.zero_point, q40.scale_type) == ("gemv", 4, 32, "symmetric", "fp16")
+    assert (asym.op, asym.zero_point) == ("gemv", "asymmetric") and ime2.IMEGEN_ASYM_KIND != ime2.IMEGEN_KIND
+    res = ime2.Ime2Result([_row(ime2.IMEGEN_ASYM_KIND, 3), _row("imegen", 2), _row(ime2.LLAMA_KIND, 1)])
+    assert res.pair("q/o", 1)[0].kind == "imegen"
+    text = ime2.report_text(res)
+    assert "ORT's asymmetric format" in text and "decode  q/o      instructions 1.9" in text
+
+
 @NEEDS_TOOLS
 def test_imegen_kernels_agree_with_the_reference_before_counting():
     for spec in load_spec(ime2.EXAMPLE):
-        if spec.name in (ime2.DECODE_KERNEL, ime2.PREFILL_KERNEL):
+        if spec.name in (ime2.DECODE_KERNEL, ime2.PREFILL_KERNEL, ime2.ASYM_DECODE_KERNEL):
             assert ime2.check_imegen(spec, 19, 64, 256) is None
 
 

@@ -70,6 +70,12 @@ CONFIGS = [
     "op = gemm  tile = 8x32  panel = 64  k_unroll = 2  unpack = interleaved  zero_point = asymmetric  bias = yes",
     "op = gemm  tile = 8x32  panel = 32  k_unroll = 2  unpack = interleaved  zero_point = symmetric",
     "op = gemm  tile = 8x32  panel = 32  k_unroll = 2  zero_point = symmetric  bias = yes",
+    # the gemv's signed-B form (symmetric 4-bit: nibbles unpacked to 16 (q - 8), no zero-point term) with fp16
+    # scales widened in registers: Q4_0's format with separate scales and a bias, block 256 (16 x dots up to
+    # 2^22), 24 columns; and the unsigned symmetric fold it leaves to 8-bit
+    "op = gemv  tile = 1x32  panel = 32  k_unroll = 2  unpack = interleaved  scale_type = fp16  scales = separate  bias = yes",
+    "op = gemv  tile = 1x24  panel = 24  k_unroll = 2  block = 256  scale_type = fp16",
+    "op = gemv  tile = 1x32  panel = 32  k_unroll = 2  bits = 8  zero_point = symmetric",
 ]
 
 
@@ -84,7 +90,7 @@ def test_the_example_spec_checks(capsys):
     code = main(["check", "examples/ime2_k3.imegen"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert out.count("PASS") == 3 * 2 * 4 and "FAIL" not in out  # 3 kernels x 2 compilers x (1024 + 3 refusals)
+    assert out.count("PASS") == 4 * 2 * 4 and "FAIL" not in out  # 4 kernels x 2 compilers x (1024 + 3 refusals)
     assert {line.split()[1] for line in out.splitlines() if "PASS" in line} == {"ime2"}
 
 
@@ -164,6 +170,7 @@ def test_random_valid_configs_match_numpy(data):
     ("op = gemm  tile = 8x32  panel = 32  zero_point = asymmetric  bias = yes", (90, 40, 8192)),
     ("op = gemv  tile = 1x32  panel = 32  zero_point = asymmetric  bias = yes", (1, 40, 8192)),
     ("op = gemm  tile = 8x32  panel = 32  unpack = interleaved  zero_point = asymmetric", (90, 40, 8192)),
+    ("op = gemv  tile = 1x32  panel = 32  unpack = interleaved  scale_type = fp16  bias = yes", (1, 40, 8192)),
 ])
 def test_several_m_blocks_and_k_chunks(settings, shape):
     """A's workspace holds the rows of one M block (3/4 of the L2) per K chunk; blocks after the first
@@ -280,6 +287,32 @@ def test_wrong_signedness_fails_check(monkeypatch):
     monkeypatch.setattr(kernel, "SIGNEDNESS", "ss")
     rows = check_kernel(plan_kernel(spec_of(EIGHT_BIT)), FILE)
     assert len(_failing_rows(rows)) == 2 and all("elements off" in r.message for r in _failing_rows(rows))
+
+
+Q40_GEMV = "op = gemv  tile = 1x32  panel = 32  k_unroll = 2  unpack = interleaved  scale_type = fp16"
+
+
+def test_q40_gemv_reads_b_signed_without_a_zero_point_term():
+    """Q4_0's format (symmetric 4-bit, fp16 scales): signed vmadot, no code sum or zero point read, the fp16
+    scales widened by vfwcvt (whose word is LLVM's: llvm-mc -mattr=+zvfhmin gives 0x4b961dd7 for v27, v25)."""
+    from imegen.targets.ime2 import kernel
+
+    plan = plan_kernel(spec_of(Q40_GEMV))
+    text = "\n".join(op.text + " " + op.comment for op in (*plan.ime.body, *plan.ime.fold))
+    assert "smt.vmadot v" in text and "vmadotsu" not in text
+    assert "%[as]" not in text and "%[zp]" not in text and "vfwcvt.f.f.v" in text
+    assert kernel.encode_vfwcvt_f_f(27, 25) == 0x4b961dd7
+
+
+@pytest.mark.parametrize("xor", [0x80, 0x08, 0x00])
+def test_wrong_signed_unpack_fails_check(monkeypatch, xor):
+    """The signed unpack must flip both nibbles' top bit (q ^ 8 read as signed 4-bit is q - 8): flipping one,
+    or none, leaves codes off by 16 and check fails."""
+    from imegen.targets.ime2 import kernel
+
+    monkeypatch.setattr(kernel, "SIGNED_B_XOR", xor)
+    rows = check_kernel(plan_kernel(spec_of(Q40_GEMV)), FILE)
+    assert len(_failing_rows(rows)) == 2
 
 
 def test_wrong_slide_fails_check(monkeypatch):

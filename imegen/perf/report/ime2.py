@@ -37,7 +37,10 @@ from ..workload import DECODE_M, PREFILL_M, QWEN25_05B, shapes
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "ime2_k3.imegen"
 VLEN = 1024
-DECODE_KERNEL, PREFILL_KERNEL = "q4_decode_k3", "q4_prefill_k3"
+# Decode in Q4_0's format (symmetric int4, fp16 scales: llama.cpp's own), the goal's comparison; prefill and a
+# second decode row in ORT's asymmetric format (zero points, fp32 scales), labelled IMEGEN_ASYM_KIND.
+DECODE_KERNEL, PREFILL_KERNEL, ASYM_DECODE_KERNEL = "q40_decode_k3", "q4_prefill_k3", "q4_decode_k3"
+IMEGEN_KIND, IMEGEN_ASYM_KIND = "imegen", "imegen-asym"
 LLAMA_KIND = "llama.cpp-ime2"
 LLAMA_ACCUMULATORS = 4  # every Q4_0 kernel keeps 4 .hp accumulators (one per 8 of its 32 columns)
 DECODE_GOAL, PREFILL_GOAL = 0.6, 0.5  # imegen / llama.cpp: decode instructions, prefill modeled time
@@ -138,7 +141,7 @@ class Row:
     N: int
     K: int
     block: int
-    kind: str          # "imegen" or LLAMA_KIND
+    kind: str          # IMEGEN_KIND, IMEGEN_ASYM_KIND or LLAMA_KIND
     config: str
     counts: dict       # one core, whole call
     pair_counts: dict  # one core of a pair (columns split, matrix unit shared)
@@ -169,12 +172,17 @@ def imegen_config(spec) -> str:
     return spec.describe()  # names target=ime2, which bench.csv's readers look for
 
 
-def imegen_rows(work: list[tuple[str, int, int, int]], specs, log=None) -> list[Row]:
+def imegen_rows(work: list[tuple[str, int, int, int]], specs, log=None, asym_decode: bool = True) -> list[Row]:
+    """imegen's rows: the Q4_0-format decode kernel and the prefill kernel (kind IMEGEN_KIND), and with
+    asym_decode the ORT-format decode kernel too (IMEGEN_ASYM_KIND)."""
     by_name = {s.name: s for s in specs}
+    kernels = [(DECODE_KERNEL, IMEGEN_KIND, True), (PREFILL_KERNEL, IMEGEN_KIND, False)]
+    if asym_decode:
+        kernels.append((ASYM_DECODE_KERNEL, IMEGEN_ASYM_KIND, True))
     rows = []
-    for name in (DECODE_KERNEL, PREFILL_KERNEL):
+    for name, kind, decode in kernels:
         spec = by_name[name]
-        mine = [w for w in work if (w[1] == DECODE_M) == (name == DECODE_KERNEL)]
+        mine = [w for w in work if (w[1] == DECODE_M) == decode]
         if not mine:
             continue
         plan = plan_kernel(spec)
@@ -187,7 +195,7 @@ def imegen_rows(work: list[tuple[str, int, int, int]], specs, log=None) -> list[
         acc = max(1, plan.spec.tile_m // 8) * (plan.spec.tile_n // 8)
         for shape, M, N, K in mine:
             c = counts[(M, N, K)]
-            rows.append(Row(shape, M, N, K, spec.block, "imegen", imegen_config(spec), c.matmul(1), c.matmul(2),
+            rows.append(Row(shape, M, N, K, spec.block, kind, imegen_config(spec), c.matmul(1), c.matmul(2),
                             x60.dram_traffic(plan, M, N, K).dram, acc, False))
     return rows
 
@@ -214,9 +222,12 @@ def llama_rows(work: list[tuple[str, int, int, int]], log=None) -> list[Row]:
 class Ime2Result:
     rows: list[Row]
 
-    def pair(self, shape: str, M: int) -> tuple[Row, Row]:
+    def pair(self, shape: str, M: int, kind: str = IMEGEN_KIND) -> tuple[Row, Row]:
         mine = [r for r in self.rows if r.shape == shape and r.M == M]
-        return next(r for r in mine if r.kind == "imegen"), next(r for r in mine if r.kind == LLAMA_KIND)
+        return next(r for r in mine if r.kind == kind), next(r for r in mine if r.kind == LLAMA_KIND)
+
+    def has(self, kind: str) -> bool:
+        return any(r.kind == kind for r in self.rows)
 
     @property
     def cases(self) -> list[tuple[str, int]]:
@@ -269,9 +280,10 @@ METHOD_TEXT = (
     "IME2 (K3 A100) METHOD: instructions MEASURED under qemu-riscv64 at VLEN 1024 (counting plugin "
     "imegen/perf/count/insn_count.c; IME2 words trapped by runtime/ime2_emu.c, which also sorts the ones the plugin "
     "files as scalar int (int4 and .hp vmadot, vpack, vupack, vnpack4) into vmadot and layout kinds; the emulator, "
-    "driver and signal trampoline excluded). imegen: examples/ime2_k3.imegen's q4_decode_k3 (M = 1) and "
-    "q4_prefill_k3 (M = 128, 512), int4 asymmetric block 32 (ORT's format: zero points, harder than Q4_0's "
-    "implicit 8), A quantization included; run at reduced shapes and extrapolated by whole tiles (count/"
+    "driver and signal trampoline excluded). imegen: examples/ime2_k3.imegen's q40_decode_k3 (M = 1; Q4_0's "
+    "format: int4 symmetric block 32, fp16 scales, the goal's comparison) and q4_prefill_k3 (M = 128, 512; ORT's "
+    "asymmetric format: zero points, fp32 scales), and q4_decode_k3 (M = 1, ORT's asymmetric format, rows "
+    "'imegen-asym', a table of their own), A quantization included; run at reduced shapes and extrapolated by whole tiles (count/"
     "extrapolate.py), checked first against imegen.reference at a small shape. llama.cpp-ime2: llama-cpp-python "
     "0.3.36's ime2_kernels.cpp + rvv_kernels.cpp quantizers, Q4_0 as ime.cpp picks for IME2 (K = 896: "
     "gemm_kernel_i8i4, K blocks of 32; K = 4864: gemm_kernel_i8i4_hp, super-blocks of 256), rows in groups of 4 "
@@ -293,14 +305,20 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "-"
 
 
-def table_text(res: Ime2Result) -> str:
+def table_text(res: Ime2Result, kind: str = IMEGEN_KIND) -> str:
     head = (f"{'shape':8s} {'M':>4s} | {'instr (M)':>19s} {'ratio':>5s} | {'1 core ms':>19s} {'ratio':>5s} "
             f"{'bound':>13s} | {'pair ms':>17s} {'ratio':>5s} | {'ms @sens DRAM':>17s}")
-    lines = ["IME2 table: imegen / llama.cpp-ime2 (ratio < 1: imegen ahead). instr = one call, one core, "
-             "kernel + libc it calls (MEASURED); ms = MODELED.", head, "-" * len(head)]
+    title = ("IME2 table: imegen / llama.cpp-ime2 (ratio < 1: imegen ahead; decode in Q4_0's format on both "
+             "sides). instr = one call, one core, kernel + libc it calls (MEASURED); ms = MODELED."
+             if kind == IMEGEN_KIND else
+             "IME2 decode in ORT's asymmetric format (imegen-asym: zero points, fp32 scales, 672 B per 32x32 block) "
+             "/ llama.cpp-ime2's Q4_0 (576 B): for reference, not the goal's comparison.")
+    lines = [title, head, "-" * len(head)]
     dram_sens = a100.sensitivity_params()["DRAM"]
     for shape, M in res.cases:
-        i, l = res.pair(shape, M)
+        if not any(r.kind == kind and r.shape == shape and r.M == M for r in res.rows):
+            continue
+        i, l = res.pair(shape, M, kind)
         mi, ml, pi, pl = i.modeled(), l.modeled(), i.modeled_pair(), l.modeled_pair()
         di, dl = i.modeled(dram_sens), l.modeled(dram_sens)
         lines.append(f"{shape:8s} {M:4d} | {i.instructions / 1e6:9.3f}/{l.instructions / 1e6:9.3f} "
@@ -345,7 +363,9 @@ def sensitivity_text(res: Ime2Result) -> str:
 
 
 def report_text(res: Ime2Result) -> str:
-    return "\n".join([METHOD_TEXT, figures_text(), "", table_text(res), "", goals_text(res), "", sensitivity_text(res)])
+    asym = ["", table_text(res, IMEGEN_ASYM_KIND)] if res.has(IMEGEN_ASYM_KIND) else []
+    return "\n".join([METHOD_TEXT, figures_text(), "", table_text(res), *asym, "", goals_text(res), "",
+                      sensitivity_text(res)])
 
 
 def write_outputs(res: Ime2Result, out_dir: Path) -> list[Path]:

@@ -14,8 +14,10 @@ from ..ime.asm import MAX_UNROLLED_ITERATIONS, AsmOp, ImePlan, acc_groups, zero_
 from .encoding import encode_vmadot, mnemonic
 from .rules import A_TILE_BYTES, K_STEP, SLIDES, a_registers, tiles
 
-# A signed int8 codes x B's raw unsigned codes (0..15 or 0..255): the C fold subtracts zp * sum(a).
+# A signed int8 codes x B's raw unsigned codes (0..15 or 0..255): the fold subtracts zp * sum(a). A symmetric
+# 4-bit gemv with the in-register fold reads B signed instead (signed_b): no zero point, no sum(a).
 SIGNEDNESS = "su"
+SIGNED_B_XOR = 0x88  # both nibbles' top bit flipped: a code q read as a signed 4-bit number is then q - 8
 ENTRY_VTYPE = "vsetvli t0, zero, e8, m1, ta, ma"  # vmadot: LMUL 1, vl = VLMAX (docs/ime2-isa.md §5)
 GEMV_SLIDE_BYTES = SLIDES * K_STEP  # A bytes between a gemv row's consecutive A loads
 
@@ -90,6 +92,29 @@ def _load_a(spec: KernelSpec, r: Registers) -> list[AsmOp]:
         r.a[k][mi], "%[a]", (k * ma + mi) * A_TILE_BYTES, f"A rows {8 * mi}..{8 * mi + 7}, k-step {k}")]
 
 
+def signed_b(spec: KernelSpec) -> bool:
+    """A symmetric 4-bit gemv with the in-register fold multiplies B signed: each nibble q becomes 16 (q - 8) in
+    its byte (the zero point 8 taken out in the unpack, x16 so that no shift back is needed), so a block's dot
+    needs neither zp x sum(a) nor a zero-point load; the tile end divides the fp32 sums by 16 (exact)."""
+    return (spec.tile_m == 1 and spec.bits == 4 and spec.zero_point == "symmetric"
+            and gemv_fold_registers(spec) is not None)
+
+
+def signedness(spec: KernelSpec) -> str:
+    return "ss" if signed_b(spec) else SIGNEDNESS
+
+
+def _unpack(spec: KernelSpec, low: int, raw: int) -> list[AsmOp]:
+    """4-bit codes in v{raw} into the group's two 16-k steps: low nibbles into v{low}, high ones in place."""
+    if signed_b(spec):
+        return [AsmOp("vxor", f"vxor.vx v{raw}, v{raw}, t2",
+                      f"nibbles ^ 8: q - 8 as signed 4-bit (t2 = {SIGNED_B_XOR:#x})"),
+                AsmOp("vsll", f"vsll.vi v{low}, v{raw}, 4", "16 (q - 8) of the low nibbles: the first 16-k step"),
+                AsmOp("vand", f"vand.vi v{raw}, v{raw}, -16", "16 (q - 8) of the high nibbles: the second")]
+    return [AsmOp("vand", f"vand.vi v{low}, v{raw}, 15", "low nibbles: the first 16-k step"),
+            AsmOp("vsrl", f"vsrl.vi v{raw}, v{raw}, 4", "high nibbles: the second")]
+
+
 def _load_b(spec: KernelSpec, r: Registers, g: int) -> list[AsmOp]:
     """Group g's B tiles (the panel's B tiles of one k group lie back to back): one whole-register load per
     aligned run, else one per register; 4-bit codes split into low (k-step 2g) and high (2g + 1) nibbles."""
@@ -101,8 +126,7 @@ def _load_b(spec: KernelSpec, r: Registers, g: int) -> list[AsmOp]:
         if low is not None:
             if n > 1:
                 ops.append(AsmOp("vset", f"vsetvli t0, zero, e8, m{n}, ta, ma", "unpack the run at once"))
-            ops += [AsmOp("vand", f"vand.vi v{low[ni]}, v{raw[ni]}, 15", "low nibbles: the first 16-k step"),
-                    AsmOp("vsrl", f"vsrl.vi v{raw[ni]}, v{raw[ni]}, 4", "high nibbles: the second")]
+            ops += _unpack(spec, low[ni], raw[ni])
             if n > 1:
                 ops.append(AsmOp("vset", ENTRY_VTYPE, "back to vmadot's vtype"))
     ops.append(AsmOp("add", "add %[b], %[b], %[bstride]", "the panel's next k group"))
@@ -110,15 +134,15 @@ def _load_b(spec: KernelSpec, r: Registers, g: int) -> list[AsmOp]:
 
 
 def _vmadots(spec: KernelSpec, r: Registers) -> list[AsmOp]:
-    ops = []
+    ops, sign = [], signedness(spec)
     for k in range(spec.k_unroll):
         g, high = (k // 2, k % 2) if spec.bits == 4 else (k, 0)
         for mi, row in enumerate(r.acc):
             vs1, slide = (r.a[k // SLIDES], k % SLIDES) if spec.tile_m == 1 else (r.a[k][mi], 0)
             for ni, vd in enumerate(row):
                 vs2 = r.raw[g][ni] if (spec.bits == 8 or high) else r.low[g][ni]
-                word = encode_vmadot(vd, vs1, vs2, signedness=SIGNEDNESS, slide=slide)
-                ops.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic(SIGNEDNESS, slide=slide)} v{vd}, v{vs1}, v{vs2}"))
+                word = encode_vmadot(vd, vs1, vs2, signedness=sign, slide=slide)
+                ops.append(AsmOp("vmadot", f".word 0x{word:08x}", f"{mnemonic(sign, slide=slide)} v{vd}, v{vs1}, v{vs2}"))
     return ops
 
 
@@ -228,7 +252,7 @@ def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
         entry = () if spec.bits == 8 or any(op.kind == "vset" for op in body) else (AsmOp("vset", ENTRY_VTYPE, "the unpack: e8"),)
         in_regs = dict(facc_regs=((g.facc,),), tile_start=gemv_tile_start(spec, g), acc_zero=entry,
                        fold=gemv_fold(spec, g, default_zero_point(spec)), block_end=gemv_block_end(spec, pack, b_walk),
-                       tile_end=gemv_tile_end(g),
+                       tile_end=gemv_tile_end(spec, g),
                        index16=compact_mask(spec), clobbers=tuple(f"v{x}" for x in range(g.dots + 4)))
     else:
         body = loop_body(spec, r)
@@ -256,18 +280,25 @@ class GemvRegisters:
     facc: int  # the row's fp32 accumulators (e32, one register)
     mask: int  # the lanes of row 0 of every vmadot tile in the e32 view of v0..v7 (vcompress)
     dots: int  # an aligned group of 8: vcompress's destination; its lanes 0..TN-1 = the block's dots
-    # dots + 1, + 2, + 3: the zero points' bytes, widened to int32, the B scales times the A scale
+    # dots + 1, + 2, + 3: the zero points' bytes (fp16 scales: the B scales as loaded), widened to int32, the B
+    # scales (as fp32) times the A scale
 
 
 def gemv_fold_registers(spec: KernelSpec) -> GemvRegisters | None:
     """Where gemv_tile_asm keeps its fold, after the k loop's registers; None when it does not apply: more than
-    32 columns (their compacted dots would not fit one e32 register), fp16 scales (widened in C), ORT's own
-    scale arrays, or too few registers left."""
-    if spec.tile_m != 1 or spec.tile_n > GEMV_FOLD_LANES or spec.scale_type != "fp32" or spec.scales == "ort":
+    32 columns (their compacted dots would not fit one e32 register), ORT's own scale arrays, or too few
+    registers left."""
+    if spec.tile_m != 1 or spec.tile_n > GEMV_FOLD_LANES or spec.scales == "ort":
         return None
     first = max(allocate(spec).used, 8)  # v0..v7 are zeroed as one group (the k loop's A and B reload anyway)
     dots = -(-(first + 2) // 8) * 8
     return GemvRegisters(facc=first, mask=first + 1, dots=dots) if dots + 8 <= VECTOR_REGISTERS else None
+
+
+def encode_vfwcvt_f_f(vd: int, vs2: int) -> int:
+    """`vfwcvt.f.f.v vd, vs2` (unmasked; Zvfhmin, which the A100 has as RVA23 requires) as a word: the kernels
+    build with plain rv64gcv, which GCC 12's assembler knows no FP16 vector instruction of."""
+    return 0b010010 << 26 | 1 << 25 | vs2 << 20 | 0b01100 << 15 | 0b001 << 12 | vd << 7 | 0b1010111
 
 
 def compact_mask(spec: KernelSpec) -> tuple[int, ...]:
@@ -290,24 +321,33 @@ def _add_imm(reg: str, value: int, what: str = "") -> list[AsmOp]:
 def gemv_fold(spec: KernelSpec, g: GemvRegisters, zp_default: int) -> tuple[AsmOp, ...]:
     """After a block's k loop: its TN dots compacted into v{dots} (vcompress), then, at e32 LMUL 1 (32 lanes),
     facc += float(dot - zp * sum(a)) * (b_scale * a_scale): the difference is exact in int32 and fp32
-    (|.| <= block x 128 x 255 < 2^24), the scaling rounds twice, as the C fold does."""
+    (|.| <= block x 128 x 255 < 2^24), the scaling rounds twice, as the C fold does. Signed B (signed_b) has no
+    zero-point term: its dots are 16 x the block's (|.| <= block x 128 x 128 < 2^24, exact too). fp16 B scales
+    are widened by vfwcvt (exact)."""
     d, z8, z32, sb = g.dots, g.dots + 1, g.dots + 2, g.dots + 3
     ops = [AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma", "the accumulators' e32 view"),
            AsmOp("vcompress", f"vcompress.vm v{d}, v0, v{g.mask}", "row 0 of each tile: the block's dots, column by column"),
-           *_zero_accumulators_e32m8(spec, "for the next block"),
-           AsmOp("vset", "vsetvli t0, zero, e32, m1, ta, ma", "the fold: 32 lanes (and vmadot's vtype: LMUL 1, vl = VLMAX)"),
-           AsmOp("lw", "lw t2, 0(%[as])", "the row's code sum of the block")]
+           *_zero_accumulators_e32m8(spec, "for the next block")]
+    if spec.scale_type == "fp16":
+        ops += [AsmOp("vset", "vsetvli t0, zero, e16, mf2, ta, ma", "32 fp16 lanes"),
+                AsmOp("vle16", f"vle16.v v{z8}, (%[sb])", "B's fp16 scales"),
+                AsmOp("vfwcvt", f".word 0x{encode_vfwcvt_f_f(sb, z8):08x}",
+                      f"vfwcvt.f.f.v v{sb}, v{z8}: as fp32, exact")]
+    ops.append(AsmOp("vset", "vsetvli t0, zero, e32, m1, ta, ma", "the fold: 32 lanes (and vmadot's vtype: LMUL 1, vl = VLMAX)"))
     if spec.zero_point == "asymmetric":
-        ops += [AsmOp("vle8", f"vle8.v v{z8}, (%[zp])", "B's zero points"),
+        ops += [AsmOp("lw", "lw t2, 0(%[as])", "the row's code sum of the block"),
+                AsmOp("vle8", f"vle8.v v{z8}, (%[zp])", "B's zero points"),
                 AsmOp("vzext", f"vzext.vf4 v{z32}, v{z8}"),
                 AsmOp("vnmsac", f"vnmsac.vx v{d}, t2, v{z32}", "- zp * sum(a)")]
-    else:
+    elif not signed_b(spec):
         shift = zp_default.bit_length() - 1
-        ops += [AsmOp("slli", f"slli t2, t2, {shift}", f"{zp_default} * sum(a)"),
+        ops += [AsmOp("lw", "lw t2, 0(%[as])", "the row's code sum of the block"),
+                AsmOp("slli", f"slli t2, t2, {shift}", f"{zp_default} * sum(a)"),
                 AsmOp("vsub", f"vsub.vx v{d}, v{d}, t2", "- zp * sum(a)")]
-    ops += [AsmOp("vfcvt", f"vfcvt.f.x.v v{d}, v{d}", "exact: below 2^24"),
-            AsmOp("vle32", f"vle32.v v{sb}, (%[sb])", "B's scales"),
-            AsmOp("flw", "flw ft0, 0(%[sa])", "the row's A scale"),
+    ops.append(AsmOp("vfcvt", f"vfcvt.f.x.v v{d}, v{d}", "exact: below 2^24"))
+    if spec.scale_type != "fp16":
+        ops.append(AsmOp("vle32", f"vle32.v v{sb}, (%[sb])", "B's scales"))
+    ops += [AsmOp("flw", "flw ft0, 0(%[sa])", "the row's A scale"),
             AsmOp("vfmul", f"vfmul.vf v{sb}, v{sb}, ft0"),
             AsmOp("vfmacc", f"vfmacc.vv v{g.facc}, v{d}, v{sb}", "facc += dot x scale")]
     return tuple(ops)
@@ -323,7 +363,8 @@ def gemv_block_end(spec: KernelSpec, pack, b_walk: int) -> tuple[AsmOp, ...]:
     """Every pointer to the next block (a's k loop has walked it already), then the block loop's branch: on
     until the A scale pointer reaches the tile's last block's."""
     data, scale, zp = ((pack.chunk_bytes,) * 3 if pack.inline else (pack.data_bytes, pack.scale_bytes, pack.zp_bytes))
-    ops = [AsmOp("addi", "addi %[sa], %[sa], 4"), AsmOp("addi", "addi %[as], %[as], 4"),
+    ops = [AsmOp("addi", "addi %[sa], %[sa], 4"),
+           *([] if signed_b(spec) else [AsmOp("addi", "addi %[as], %[as], 4")]),
            *_add_imm("%[sb]", scale, "the next block's B scales")]
     if spec.zero_point == "asymmetric":
         ops += _add_imm("%[zp]", zp, "... zero points")
@@ -335,16 +376,21 @@ def gemv_block_end(spec: KernelSpec, pack, b_walk: int) -> tuple[AsmOp, ...]:
 def gemv_tile_start(spec: KernelSpec, g: GemvRegisters) -> tuple[AsmOp, ...]:
     """vmadot runs under the fold's vtype (e32, LMUL 1, vl = VLMAX: docs/ime2-isa.md §5), so a block needs no
     vsetvli of its own but the 4-bit unpack's two."""
-    return (AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma", "vlm reads VLMAX / 8 bytes: 32"),
+    signed = (AsmOp("li", f"li t2, {SIGNED_B_XOR}", "the signed unpack's nibble flip"),) if signed_b(spec) else ()
+    return (*signed, AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma", "vlm reads VLMAX / 8 bytes: 32"),
             AsmOp("vlm", f"vlm.v v{g.mask}, (%[mask])", "row 0 of each tile (compact_mask)"),
             *_zero_accumulators_e32m8(spec, "for the first block"),
             AsmOp("vset", "vsetvli t0, zero, e32, m1, ta, ma"),
             AsmOp("vmv", f"vmv.v.i v{g.facc}, 0", "fp32 accumulators: +0.0f"))
 
 
-def gemv_tile_end(g: GemvRegisters) -> tuple[AsmOp, ...]:
-    """The row's results to C: plus C's (a later K chunk) or the bias (the first), cols of them."""
-    return (AsmOp("vset", "vsetvli t0, %[cols], e32, m1, ta, ma", "the tile's columns"),
+def gemv_tile_end(spec: KernelSpec, g: GemvRegisters) -> tuple[AsmOp, ...]:
+    """The row's results to C: plus C's (a later K chunk) or the bias (the first), cols of them; signed B's sums
+    divided by 16 first (exact: a power of two)."""
+    unscale = ((AsmOp("lui", "lui t1, 0x3d800", "1/16 as fp32"), AsmOp("fmv", "fmv.w.x ft0, t1"),
+                AsmOp("vfmul", f"vfmul.vf v{g.facc}, v{g.facc}, ft0", "the dots were 16 x"))
+               if signed_b(spec) else ())
+    return (AsmOp("vset", "vsetvli t0, %[cols], e32, m1, ta, ma", "the tile's columns"), *unscale,
             AsmOp("beqz", "beqz %[addend], 3f", "nothing to add"),
             AsmOp("vle32", f"vle32.v v{g.dots}, (%[addend])", "C (a later K chunk) or the bias"),
             AsmOp("vfadd", f"vfadd.vv v{g.facc}, v{g.facc}, v{g.dots}"),
