@@ -1,6 +1,9 @@
 """The SIGILL IME2 emulator (imegen/runtime/ime2_emu.c) against an independent NumPy model of the spec's
 semantics and against the spec's own usage examples, under QEMU at VLEN 1024.
-The block-scaled `.hp` forms are modelled with np.float16 arithmetic, one operation at a time (§6.2).
+The block-scaled `.hp` forms are modelled with np.float16 arithmetic, one operation at a time (§6.2), the 4:2 sparse
+`.sp` forms as B recovered by the mask and a dense product (§6.3), vfwmadot in np.float32, one rounded sum per
+product in the spec's order (§6.4); the last section rebuilds the emulator with other readings and checks that
+these tests catch each.
 
 The driver tests/c/ime2_emu_test.c executes the real `.word` encodings from imegen.targets.ime2.encoding;
 this file generates the asm for them (ime2_variants.h) and the input records. docs/ime2-isa.md §2 (semantics),
