@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from imegen.targets.ime import encoding as k1
-from imegen.targets.ime2.encoding import decode, encode_vmadot, encode_vmadot_hp, encode_vmadot_sp
+from imegen.targets.ime2.encoding import decode, encode_vfwmadot, encode_vmadot, encode_vmadot_hp, encode_vmadot_sp
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "ime2-isa.md").read_text()
 
@@ -77,10 +77,19 @@ smt.vmadotsu.hp v2, v3, v4, v0, 0, i4     0xd441812b
 smt.vmadotus.hp v2, v3, v4, v0, 0, i4     0xd841812b
 smt.vmadotu.hp v2, v3, v4, v1, 0, i4      0xce41812b
 """
-# The same files' other IME2 words (floating point, layout): not integer matrix forms, so decode refuses them.
+# The same files' vfwmadot words (FP16/BF16 -> FP32). LLVM's take a format operand (fp16 or bfp16) that does not
+# change the word (MCPM.BF16 selects the format); gas's base form uses v2, v3, v4, where v3 is vd+1 (illegal).
+VFWMADOT_VECTORS = [
+    ("llvm", "smt.vfwmadot v2, v4, v6", 0x9E62412B),
+    ("llvm", "smt.vfwmadot1 v2, v4, v6", 0x9E62512B),
+    ("binutils", "smt.vfwmadot v2, v3, v4", 0x9E41C12B),
+    ("binutils", "smt.vfwmadot1 v2, v4, v5", 0x9E52512B),
+    ("binutils", "smt.vfwmadot2 v2, v4, v5", 0x9E52612B),
+    ("binutils", "smt.vfwmadot3 v2, v4, v5", 0x9E52712B),
+]
+VFWMADOT_RE = re.compile(r"smt\.vfwmadot([123]?) v(\d+), v(\d+), v(\d+)")
+# The same files' layout words: not matrix forms, so decode refuses them.
 NOT_INTEGER_FORMS = {
-    "smt.vfwmadot v2, v4, v6": 0x9E62412B, "smt.vfwmadot1 v2, v4, v6": 0x9E62512B,
-    "smt.vfwmadot v2, v3, v4": 0x9E41C12B, "smt.vfwmadot3 v2, v4, v5": 0x9E52712B,
     "smt.vnpack.vv v1, v3, v5, 1": 0x625190AB, "smt.vnspack4.vv v1, v3, v5, 1": 0x4251D0AB,
     "smt.vpack.vv v2, v4, v5, 1": 0x6652112B, "smt.vupack.vv v2, v4, v5, 1": 0x6652512B,
 }
@@ -164,6 +173,50 @@ def test_decode_refuses_other_ime2_forms(asm, word):
 def test_doc_lists_every_vector():
     for asm, _, word in VECTORS:
         assert f"| `{asm}` | `0x{word:08x}` |" in DOC, asm
+    for _, asm, word in VFWMADOT_VECTORS:
+        assert f"| `{asm}` | `0x{word:08x}` |" in DOC, asm
+
+
+def vfwmadot_fields(asm: str) -> dict:
+    slide, vd, vs1, vs2 = VFWMADOT_RE.fullmatch(asm).groups()
+    return {"form": "vfwmadot", "vd": int(vd), "vs1": int(vs1), "vs2": int(vs2), "slide": int(slide or 0)}
+
+
+def vfwmadot_legal(f: dict) -> bool:
+    """§6.1.5, §6.2.4, §8.5 restated apart from the encoder: vd even, vs1 even for the slides (A is the pair),
+    the pair vd, vd+1 off vs1 (and vs1+1 for the slides) and vs2."""
+    a = {f["vs1"], f["vs1"] + 1} if f["slide"] else {f["vs1"]}
+    return f["vd"] % 2 == 0 and not (f["slide"] and f["vs1"] % 2) and not {f["vd"], f["vd"] + 1} & (a | {f["vs2"]})
+
+
+@pytest.mark.parametrize("source, asm, word", VFWMADOT_VECTORS, ids=[f"{s}: {a}" for s, a, _ in VFWMADOT_VECTORS])
+def test_vfwmadot_assembler_vector(source, asm, word):
+    fields = vfwmadot_fields(asm)
+    got = decode(word)
+    assert got.pop("mnemonic") == asm.split()[0]
+    assert got == fields
+    kwargs = {k: fields[k] for k in ("vd", "vs1", "vs2")}
+    if vfwmadot_legal(fields):
+        assert encode_vfwmadot(**kwargs, slide=fields["slide"]) == word
+    else:
+        with pytest.raises(ValueError, match="overlaps"):
+            encode_vfwmadot(**kwargs, slide=fields["slide"])
+
+
+def test_vfwmadot_chapter_8_5_and_round_trip():
+    """§8.5's tables field by field ([31:25] 1001111, [14:12] 100 / 101 / 110 / 111), over every register
+    combination: legal ones encode to that word and decode back, the rest raise."""
+    for slide, vd, vs1, vs2 in itertools.product(range(4), range(32), range(32), range(32)):
+        fields = {"form": "vfwmadot", "vd": vd, "vs1": vs1, "vs2": vs2, "slide": slide}
+        if not vfwmadot_legal(fields):
+            with pytest.raises(ValueError):
+                encode_vfwmadot(vd, vs1, vs2, slide=slide)
+            continue
+        word = encode_vfwmadot(vd, vs1, vs2, slide=slide)
+        assert word == 0b1001111 << 25 | vs2 << 20 | vs1 << 15 | (0b100 + slide) << 12 | vd << 7 | 0b0101011
+        got = decode(word)
+        assert got.pop("mnemonic") == "smt.vfwmadot" + (str(slide) if slide else "")
+        assert got == fields
 
 
 # Chapter 8's tables, transcribed: for each mnemonic the constant fields [28:26], [25] and [14:12] (None:
@@ -282,6 +335,20 @@ def test_invalid_sp_hp_raise(call, reason):
         call()
 
 
+@pytest.mark.parametrize("call, reason", [
+    (lambda: encode_vfwmadot(1, 4, 6), "vd must be even"),
+    (lambda: encode_vfwmadot(2, 3, 6, slide=1), "vs1 must be even"),
+    (lambda: encode_vfwmadot(2, 3, 6), "overlaps vs1"),
+    (lambda: encode_vfwmadot(4, 4, 8, slide=2), "overlaps vs1"),
+    (lambda: encode_vfwmadot(2, 0, 3), "overlaps vs2"),
+    (lambda: encode_vfwmadot(2, 4, 6, slide=4), "slide"),
+    (lambda: encode_vfwmadot(32, 4, 6), "0..31"),
+])
+def test_invalid_vfwmadot_raise(call, reason):
+    with pytest.raises(ValueError, match=reason):
+        call()
+
+
 @pytest.mark.parametrize("word, reason", [
     (0xE22FB02B | 1 << 14, "bit 14"),                # base form, bit 14 reserved
     (0xE641302B | 3 << 14, "0b11"),                  # slide field 0b11 reserved
@@ -294,6 +361,10 @@ def test_invalid_sp_hp_raise(call, reason):
     (0xE88138AB | 1 << 14, "bit 14"),                # sparse, bit 14 reserved
     (0x622FB02B, "bit 31"),                          # bit 31 clear
     (0xE22FB02A, "opcode"),                          # wrong major opcode
+    (0x9E62012B, "reserved"),                        # vfwmadot with [14:12] = 000
+    (0x9E62312B, "reserved"),                        # vfwmadot with [14:12] = 011
+    (0x9E6241AB, "vd field must be even"),           # vfwmadot v3, v4, v6
+    (0x9E52D12B, "vs1 field must be even"),          # vfwmadot1 v2, v5, v5
 ])
 def test_decode_rejects(word, reason):
     with pytest.raises(ValueError, match=reason):

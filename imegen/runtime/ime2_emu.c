@@ -1,4 +1,4 @@
-/* SIGILL trap-and-emulate for SpacemiT IME2 integer vmadot* (see ime2_emu.h).
+/* SIGILL trap-and-emulate for SpacemiT IME2 matrix and layout instructions (see ime2_emu.h).
  *
  * Build this file WITHOUT the V extension (-march=rv64gc): the handler runs while the interrupted
  * code's vector registers are live, and under QEMU user mode they are neither saved nor restored
@@ -23,6 +23,18 @@
  * being the register pair vd, vd+1 seen as one 2*VLEN-bit stream.
  *   vpack:  stream = vs1.chunk0, vs2.chunk0, vs1.chunk1, vs2.chunk1, ...
  *   vupack: the inverse; the stream {vs1, vs2} is split into its even chunks (-> vd) and odd chunks (-> vd+1).
+ *
+ * vmadot*.sp (4:2 sparse, docs/ime2-isa.md §6.3): A dense in {vs1, vs1+1} (i8 8x32, i4 8x64), B compressed in vs2
+ * (8 columns of 16 / 32 stored values), per column and group of four k one mask nibble from v0/v1 (segment imm2)
+ * whose two set bits (bit b = position b) say which two of A's four k meet B's two stored values:
+ *   C[i][j] += A[i][4g + lo] * B[j][2g] + A[i][4g + hi] * B[j][2g + 1]   (no contribution for other nibbles)
+ * the spec's pseudocode with K = 16 (i4: 32) stored values per column, the reading under which the spec's own
+ * example prints what it does. Accumulation wraps mod 2^32.
+ *
+ * vfwmadot / vfwmadot1/2/3 (docs/ime2-isa.md §6.4): C[8x8] fp32 (rows 0-3 in vd, 4-7 in vd+1) += A[8x8] x B^T,
+ * A and B FP16 (A rows slide..slide+7 of the 16x8 stack {vs1, vs1+1} for the slide forms), per cell and in the
+ * order q = 0..7: vd[p] = fp32(vd[p] + a*b), the product exact, each sum rounded to nearest even. FP16 only
+ * (MCPM.BF16 as for .hp).
  *
  * And vnpack4.vv (docs/ime2-isa.md §9.1), which llama.cpp's Q4_0 kernels use to split int8 activations into
  * nibbles: every source byte is truncated to its low 4 bits, whatever SEW is; two consecutive bytes make one
@@ -65,6 +77,15 @@ struct vpack {
 
 struct vnpack4 {
     unsigned vd, vs1, vs2, imm2;
+};
+
+struct vmadot_sp {
+    unsigned vd, vs1, vs2, mask, imm2;
+    int int4, a_signed, b_signed;
+};
+
+struct vfwmadot {
+    unsigned vd, vs1, vs2, slide;
 };
 
 /* Decode smt.vpack.vv / smt.vupack.vv (spec §8.6.1): [31:26] 011001, [25] 1, [14] 0 pack / 1 unpack,
@@ -230,6 +251,110 @@ static void vmadot_execute(const struct vmadot *d) {
     vreg_fill(d->vd + 1, c + VLENB / 4);
 }
 
+/* Decode an IME2 vmadot*.sp word (spec §8.3): [31] 1, DT i4 (10) or i8 (11), family 010, [25] mask v0/v1,
+ * vs1[4:1] in [19:16], imm2 in [15] and [7], [14] 0, sg in [13:12], vd[4:1] in [11:8]. 0 for anything else. */
+static int vmadot_sp_decode(uint32_t w, struct vmadot_sp *d) {
+    unsigned dtype = w >> 29 & 3, family = w >> 26 & 7;
+    if ((w & 0x7f) != 0x2b || !(w >> 31) || dtype < 2 || family != 2 || (w >> 14 & 1))
+        return 0;
+    d->int4 = dtype == 2;
+    d->mask = w >> 25 & 1;
+    d->vs2 = w >> 20 & 31;
+    d->vs1 = (w >> 16 & 15) << 1;
+    d->imm2 = (w >> 15 & 1) << 1 | (w >> 7 & 1);
+    d->a_signed = w >> 13 & 1;
+    d->b_signed = w >> 12 & 1;
+    d->vd = (w >> 8 & 15) << 1;
+    return 1;
+}
+
+/* §5.3.5: imm2 must select a segment of the mask register: 256 bits each for i8 (0-3), 512 for i4 (0-1). */
+static int sp_segment_legal(const struct vmadot_sp *d) {
+    return d->imm2 < (d->int4 ? 2u : 4u);
+}
+
+/* The destination pair must not overlap a source: A's pair, B or the mask register (§2.3, §5.3.5). */
+static int sp_registers_legal(const struct vmadot_sp *d) {
+    unsigned vd = d->vd;
+    int a_overlaps = d->vs1 <= vd + 1 && vd <= d->vs1 + 1;
+    int other_overlaps = d->vs2 == vd || d->vs2 == vd + 1 || d->mask == vd || d->mask == vd + 1;
+    return !a_overlaps && !other_overlaps;
+}
+
+/* §5.3.4's case table: for each 4-bit mask, the positions (0-3 in a group of four k) of the two A elements it
+ * selects, lower first (bit b selects position b); 0 for the ten patterns that select nothing (§5.3.3). */
+static const unsigned char SP_PICK[16] = {
+    [0x3] = 0x10 | 0, [0x5] = 0x20 | 0, [0x6] = 0x20 | 1, [0x9] = 0x30 | 0, [0xa] = 0x30 | 1, [0xc] = 0x30 | 2,
+};
+#define SP_LO(pick) ((pick) & 15u)
+#define SP_HI(pick) ((pick) >> 4)
+
+/* Mask nibble n of the register: byte n/2, bits 3:0 for even n (the 4-bit element order of §2.7.2). */
+static unsigned mask_nibble(const uint8_t *mask, unsigned n) {
+    return mask[n >> 1] >> (4 * (n & 1)) & 15;
+}
+
+static void vmadot_sp_execute(const struct vmadot_sp *d) {
+    uint8_t a[2 * VLENB], b[VLENB], mask[VLENB];
+    uint32_t c[2 * VLENB / 4];
+    vreg_spill(d->vs1, a);
+    vreg_spill(d->vs1 + 1, a + VLENB);
+    vreg_spill(d->vs2, b);
+    vreg_spill(d->mask, mask);
+    vreg_spill(d->vd, c);
+    vreg_spill(d->vd + 1, c + VLENB / 4);
+
+    int32_t (*elem)(const uint8_t *, unsigned, int) = d->int4 ? nibble_elem : byte_elem;
+    unsigned a_len = d->int4 ? 64 : 32; /* A's (logical) k per row: {vs1, vs1+1} holds 8 such rows */
+    unsigned b_len = a_len / 2;         /* B's stored values per column: vs2 holds 8 columns */
+    unsigned groups = a_len / 4;        /* one mask nibble per group of four k */
+    unsigned segment = d->imm2 * TILE * groups; /* first nibble of the segment imm2 selects */
+    for (unsigned i = 0; i < TILE; i++) {
+        for (unsigned j = 0; j < TILE; j++) {
+            uint32_t acc = c[i * TILE + j];
+            for (unsigned g = 0; g < groups; g++) {
+                unsigned pick = SP_PICK[mask_nibble(mask, segment + j * groups + g)];
+                if (!pick) /* not one of the six patterns: no contribution (§5.3.3) */
+                    continue;
+                unsigned lo = SP_LO(pick), hi = SP_HI(pick);
+                unsigned a_row = i * a_len + 4 * g, b_col = j * b_len + 2 * g;
+                acc += (uint32_t)(elem(a, a_row + lo, d->a_signed) * elem(b, b_col, d->b_signed));
+                acc += (uint32_t)(elem(a, a_row + hi, d->a_signed) * elem(b, b_col + 1, d->b_signed));
+            }
+            c[i * TILE + j] = acc;
+        }
+    }
+    vreg_fill(d->vd, c);
+    vreg_fill(d->vd + 1, c + VLENB / 4);
+}
+
+/* Decode smt.vfwmadot / vfwmadot1/2/3 (spec §8.5): [31:25] 1001111, vs2, vs1, [14:12] 100 (base) or 101, 110,
+ * 111 (slide 1-3), vd, custom-1. vd and (slides) vs1 are taken whole: vfwmadot_registers_why refuses odd ones.
+ * 0 for anything else, [14:12] 0xx included. */
+static int vfwmadot_decode(uint32_t w, struct vfwmadot *d) {
+    if ((w & 0x7f) != 0x2b || w >> 25 != 0x4f || !(w >> 14 & 1))
+        return 0;
+    d->vd = w >> 7 & 31;
+    d->vs1 = w >> 15 & 31;
+    d->vs2 = w >> 20 & 31;
+    d->slide = w >> 12 & 3;
+    return 1;
+}
+
+/* §6.1.5, §6.2.4, §8.5: vd even, vs1 even for the slides (A is the pair vs1, vs1+1), and the pair vd, vd+1 off
+ * every source register. NULL if legal, else why not (one line). */
+static const char *vfwmadot_registers_why(const struct vfwmadot *d) {
+    if (d->vd & 1)
+        return "vd of vfwmadot must be even (C is the pair vd, vd+1)\n";
+    if (d->slide && (d->vs1 & 1))
+        return "vs1 of vfwmadot1/2/3 must be even (A is the pair vs1, vs1+1)\n";
+    unsigned a_last = d->slide ? d->vs1 + 1 : d->vs1;
+    int a_overlaps = d->vs1 <= d->vd + 1 && d->vd <= a_last;
+    if (a_overlaps || d->vs2 == d->vd || d->vs2 == d->vd + 1)
+        return "the destination pair vd, vd+1 of vfwmadot overlaps a source register\n";
+    return NULL;
+}
+
 /* ---- FP16 arithmetic in integers (the handler must leave the interrupted code's f registers and fcsr
  * alone, and GCC 12 has no _Float16 for RISC-V). Every step computes its exact result as
  * (-1)^neg * mag * 2^exp and rounds it once to FP16, to nearest with ties to even. */
@@ -349,6 +474,133 @@ static void vmadot_hp_execute(const struct vmadot_hp *d) {
     vreg_fill(d->vd, c);
 }
 
+/* ---- FP32 accumulation of exact FP16 products (vfwmadot), in integers like the FP16 code above. */
+
+#define FP32_CANONICAL_NAN 0x7fc00000u
+#define FP32_INF 0x7f800000u
+
+static int fp32_is_nan(uint32_t f) { return (f & 0x7fffffffu) > FP32_INF; }
+static int fp32_is_inf(uint32_t f) { return (f & 0x7fffffffu) == FP32_INF; }
+
+/* A finite FP32 as magnitude and exponent: value = mag * 2^exp (subnormals: exponent field 0). */
+static void fp32_split(uint32_t f, uint64_t *mag, int *exp) {
+    unsigned field = f >> 23 & 255, frac = f & 0x7fffff;
+    *mag = field ? frac | 0x800000u : frac;
+    *exp = field ? (int)field - 150 : -149;
+}
+
+/* Round (-1)^neg * mag * 2^exp to FP32 (RNE; overflow to infinity, gradual underflow). 0 < mag < 2^63. */
+static uint32_t fp32_round(int neg, uint64_t mag, int exp) {
+    uint32_t sign = neg ? 0x80000000u : 0;
+    int top = 63 - __builtin_clzll(mag);        /* value in [2^(top+exp), 2^(top+exp+1)) */
+    int e = top + exp < -126 ? -126 : top + exp; /* subnormals share the smallest normal's quantum */
+    int quantum = e - 23;                        /* 24 significant bits: the result is r * 2^quantum */
+    uint64_t r;
+    if (quantum <= exp) {
+        r = mag << (exp - quantum); /* exact */
+    } else {
+        int shift = quantum - exp;
+        if (shift > 63) {
+            r = 0; /* below half the quantum: mag < 2^63 <= 2^(shift - 1) */
+        } else {
+            uint64_t rest = mag & ((1ull << shift) - 1), half = 1ull << (shift - 1);
+            r = mag >> shift;
+            if (rest > half || (rest == half && (r & 1)))
+                r++;
+        }
+    }
+    if (r >> 24) { /* rounding carried into the next binade */
+        r >>= 1;
+        quantum++;
+    }
+    if (r < 0x800000u) /* subnormal (quantum is 2^-149) or zero */
+        return sign | (uint32_t)r;
+    int field = quantum + 150;
+    if (field >= 255)
+        return sign | FP32_INF;
+    return sign | (uint32_t)field << 23 | ((uint32_t)r & 0x7fffff);
+}
+
+/* fp32(x + y) for nonzero finite x = (-1)^nx * mx * 2^ex and y likewise, mx, my < 2^25: one rounding of the
+ * exact sum. The larger operand is put at bit 61 of a doubled scale; what the other loses below its last bit is
+ * kept as a sticky 1 in bit 0, where neither an FP32 result nor a rounding midpoint can lie. */
+static uint32_t fp32_sum(int nx, uint64_t mx, int ex, int ny, uint64_t my, int ey) {
+    if (63 - __builtin_clzll(my) + ey > 63 - __builtin_clzll(mx) + ex) { /* x the larger in magnitude bound */
+        int tn = nx; uint64_t tm = mx; int te = ex;
+        nx = ny; mx = my; ex = ey;
+        ny = tn; my = tm; ey = te;
+    }
+    int up = 60 - (63 - __builtin_clzll(mx));
+    mx <<= up;
+    ex -= up;
+    int d = ex - ey; /* d <= 0: y fits exactly (its top is at most bit 60) */
+    uint64_t y = 0, lost = 0;
+    if (d <= 0) {
+        y = my << -d;
+    } else if (d < 64) {
+        y = my >> d;
+        lost = (my & ((1ull << d) - 1)) != 0;
+    } else {
+        lost = 1;
+    }
+    int64_t sx = (int64_t)(mx << 1), sy = (int64_t)(y << 1 | lost);
+    int64_t sum = (nx ? -sx : sx) + (ny ? -sy : sy);
+    if (sum == 0) /* exact cancellation: +0 in round to nearest */
+        return 0;
+    return fp32_round(sum < 0, (uint64_t)(sum < 0 ? -sum : sum), ex - 1);
+}
+
+/* One step of the spec's loop: fp32(acc + (fp32)a * (fp32)b). The product of two FP16 is exact in FP32 (22
+ * significant bits, exponents -48..31), so the step rounds once, at the sum. NaN results are canonical. */
+static uint32_t fp32_add_fp16_product(uint32_t acc, uint16_t a, uint16_t b) {
+    if (fp32_is_nan(acc) || fp16_is_nan(a) || fp16_is_nan(b))
+        return FP32_CANONICAL_NAN;
+    uint32_t neg = (uint32_t)((a ^ b) >> 15);
+    int zero = !(a & 0x7fff) || !(b & 0x7fff);
+    if (fp16_is_inf(a) || fp16_is_inf(b)) {
+        if (zero || (fp32_is_inf(acc) && acc >> 31 != neg)) /* inf x 0, inf - inf */
+            return FP32_CANONICAL_NAN;
+        return neg << 31 | FP32_INF;
+    }
+    if (fp32_is_inf(acc))
+        return acc;
+    if (zero) /* acc + (+-0): acc, or -0 only for -0 + -0 */
+        return acc & 0x7fffffffu ? acc : acc & neg << 31;
+    uint64_t ma, mb, mc;
+    int ea, eb, ec;
+    fp16_split(a, &ma, &ea);
+    fp16_split(b, &mb, &eb);
+    if (!(acc & 0x7fffffffu))
+        return fp32_round((int)neg, ma * mb, ea + eb); /* exact */
+    fp32_split(acc, &mc, &ec);
+    return fp32_sum((int)(acc >> 31), mc, ec, (int)neg, ma * mb, ea + eb);
+}
+
+#define FW_K 8 /* vfwmadot's K: vs1 holds 8 rows of 8 FP16, vs2 8 columns of 8 */
+
+static void vfwmadot_execute(const struct vfwmadot *d) {
+    uint16_t a[2 * VLENB / 2], b[VLENB / 2];
+    uint32_t c[2 * VLENB / 4];
+    vreg_spill(d->vs1, a);
+    if (d->slide)
+        vreg_spill(d->vs1 + 1, a + VLENB / 2);
+    vreg_spill(d->vs2, b);
+    vreg_spill(d->vd, c);
+    vreg_spill(d->vd + 1, c + VLENB / 4);
+
+    const uint16_t *a_rows = a + d->slide * FW_K; /* slide n: rows n..n+7 of the 16 rows in {vs1, vs1+1} */
+    for (unsigned i = 0; i < TILE; i++) {
+        for (unsigned j = 0; j < TILE; j++) {
+            uint32_t acc = c[i * TILE + j];
+            for (unsigned q = 0; q < FW_K; q++) /* the spec's order: one rounded FP32 sum per product */
+                acc = fp32_add_fp16_product(acc, a_rows[i * FW_K + q], b[j * FW_K + q]);
+            c[i * TILE + j] = acc;
+        }
+    }
+    vreg_fill(d->vd, c);
+    vreg_fill(d->vd + 1, c + VLENB / 4);
+}
+
 /* pack_len in bytes: imm2 0 is SEW, 1-3 are 128, 256, 512 bits. */
 static unsigned pack_bytes(unsigned imm2) {
     unsigned long vtype;
@@ -416,6 +668,8 @@ static const char *emulate(uint32_t word, int *kind) {
     struct vpack pk;
     struct vnpack4 np;
     struct vmadot_hp hp;
+    struct vmadot_sp sp;
+    struct vfwmadot fw;
     struct vmadot d;
     if (vpack_decode(word, &pk)) {
         if (!vtype_allows_pack())
@@ -438,6 +692,24 @@ static const char *emulate(uint32_t word, int *kind) {
             return "vd of vmadot*.hp is vs1, vs2 or the scale register\n";
         vmadot_hp_execute(&hp);
         *kind = IMEGEN_IME2_VMADOT_HP;
+    } else if (vmadot_sp_decode(word, &sp)) {
+        if (!vtype_allows_ime2())
+            return BAD_VTYPE;
+        if (!sp_segment_legal(&sp))
+            return "imm2 of vmadot*.sp i4 selects a mask segment beyond v0/v1 (0 or 1: 512 bits each)\n";
+        if (!sp_registers_legal(&sp))
+            return "the destination pair vd, vd+1 of vmadot*.sp overlaps a source register (vs1, vs1+1, vs2 or "
+                   "the mask register)\n";
+        vmadot_sp_execute(&sp);
+        *kind = IMEGEN_IME2_VMADOT_SP;
+    } else if (vfwmadot_decode(word, &fw)) {
+        if (!vtype_allows_ime2())
+            return BAD_VTYPE;
+        const char *why = vfwmadot_registers_why(&fw);
+        if (why)
+            return why;
+        vfwmadot_execute(&fw);
+        *kind = IMEGEN_IME2_VFWMADOT;
     } else if (vmadot_decode(word, &d)) {
         if (!vtype_allows_ime2())
             return BAD_VTYPE;
@@ -446,8 +718,9 @@ static const char *emulate(uint32_t word, int *kind) {
         vmadot_execute(&d);
         *kind = IMEGEN_IME2_VMADOT;
     } else {
-        return "not an IME2 instruction it runs (integer vmadot* i8/i4, vmadotN* i8, vmadot*.hp i8/i4 with "
-               "FP16 scales, vpack.vv, vupack.vv, vnpack4.vv; FP16 code needs QEMU -cpu rv64,v=true,Zfh=true,vlen=1024)\n";
+        return "not an IME2 instruction it runs (integer vmadot* i8/i4, vmadotN* i8, vmadot*.sp i8/i4, vmadot*.hp "
+               "i8/i4 with FP16 scales, vfwmadot/vfwmadotN with FP16 inputs, vpack.vv, vupack.vv, vnpack4.vv; FP16 "
+               "code needs QEMU -cpu rv64,v=true,Zfh=true,vlen=1024)\n";
     }
     return NULL;
 }

@@ -1,4 +1,4 @@
-"""Binary encoding of SpacemiT IME2's integer matrix instructions (`XSMTVDotII`, the K3's A100 cores).
+"""Binary encoding of SpacemiT IME2's matrix instructions (`XSMTVDotII`, the K3's A100 cores).
 
 Stock assemblers do not know them, so code emits them as `.word`. Every form is custom-1 (0x2B) with
 bit 31 set; bits [30:29] give the data type and [28:26] the family (docs/ime2-isa.md §3, from chapter 8
@@ -8,10 +8,12 @@ of SpacemiT's "AI Matrix Extension Instruction Set", checked against LLVM's and 
     slide vmadotN*      : 1 11 001 1 vs2 vs1[4:1] N-1 (2 bits, [15:14]) sg[13:12] vd[4:1] 0
     sparse vmadot*.sp   : 1 DT 010 v vs2 vs1[4:1] imm2[1] sg vd[4:1] imm2[0]       (v: mask v0/v1)
     scaled vmadot*.hp   : 1 DT hs  v vs2 vs1 imm3 vd                               (v: scale v0/v1)
+    vfwmadot{,1,2,3}    : 1001111 vs2 vs1 1 N (2 bits, [13:12]) vd                 (FP16/BF16 -> FP32)
 
 sg is the K1's signedness code (00 uu, 01 us, 10 su, 11 ss for A = vs1, B = vs2), so the int8 base and
 slide words are the K1's. `.hp` moves signedness into the family field (hs: 011 uu, 100 ss, 101 su,
-110 us) to free [14:12] for imm3.
+110 us) to free [14:12] for imm3. vfwmadot is the one floating-point form: DT 00 and family 111, no
+signedness; its data type (FP16 or BF16) is the control bit MCPM.BF16, not a field of the word.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ _SIGN_SUFFIX = {"ss": "", "uu": "u", "us": "us", "su": "su"}
 # imm3 one of eight 128-bit scale groups.
 SPARSE_SEGMENTS = {"i8": 4, "i4": 2}
 SCALE_GROUPS = 8
+
+# vfwmadot (spec §8.5): [31:25] = 1001111, [14:12] = 1, slide (100 base, 101-111 slide 1-3).
+VFWMADOT_FUNCT7 = 0b1001111
 
 
 def mnemonic(signedness: str, dtype: str = "i8", slide: int = 0, form: str = "base") -> str:
@@ -110,9 +115,9 @@ def encode_vmadot(vd: int, vs1: int, vs2: int, *, signedness: str = "ss", dtype:
 
 def encode_vmadot_sp(vd: int, vs1: int, vs2: int, *, mask: int, imm2: int, signedness: str = "ss",
                      dtype: str = "i8") -> int:
-    """`smt.vmadot{sign}.sp vd, vs1, vs2, v{mask}, imm2, {dtype}` (4:2 sparse A in the pair vs1, vs1+1).
-
-    imegen's emulator runs it with FP16 scales and C (docs/ime2-isa.md §6.2)."""
+    """`smt.vmadot{sign}.sp vd, vs1, vs2, v{mask}, imm2, {dtype}`: int32 C[8x8] in vd, vd+1 += A x B^T with A
+    dense in the pair vs1, vs1+1 (i8 8x32, i4 8x64), B 4:2-compressed in vs2 and its mask nibbles in segment
+    imm2 of v{mask} (docs/ime2-isa.md §6.3)."""
     _check_choice("signedness", signedness, SIGN_CODE)
     _check_choice("dtype", dtype, DTYPE_CODE)
     _check_choice("mask", mask, (0, 1))
@@ -148,16 +153,36 @@ def encode_vmadot_hp(vd: int, vs1: int, vs2: int, *, scale: int, imm3: int, sign
             | vs2 << 20 | vs1 << 15 | imm3 << 12 | vd << 7 | OPCODE_CUSTOM1)
 
 
+def encode_vfwmadot(vd: int, vs1: int, vs2: int, *, slide: int = 0) -> int:
+    """`smt.vfwmadot{slide} vd, vs1, vs2`: fp32 C[8x8] in vd, vd+1 += A x B^T, A[8x8] in vs1 (slide N: rows
+    N..N+7 of the 16x8 pair vs1, vs1+1) and B^T[8x8] in vs2, FP16 (or BF16 under MCPM.BF16; imegen's emulator
+    runs FP16: docs/ime2-isa.md §6.4). ValueError if the spec makes it illegal."""
+    if slide not in (0, 1, 2, 3):
+        raise ValueError(f"slide must be 0..3, got {slide!r}")
+    for name, r in (("vd", vd), ("vs1", vs1), ("vs2", vs2)):
+        _check_vreg(name, r)
+    _check_even("vd", vd, f"the fp32 result occupies v{vd}, v{vd}+1")
+    a_regs = {vs1}
+    if slide:
+        _check_even("vs1", vs1, "slide forms read A from the pair vs1, vs1+1")
+        a_regs = _pair(vs1)
+    _check_disjoint(_pair(vd), _pair_name(vd), {"vs1 (A)": a_regs, "vs2 (B)": {vs2}})
+    return (VFWMADOT_FUNCT7 << 25 | vs2 << 20 | vs1 << 15 | (0b100 | slide) << 12 | vd << 7 | OPCODE_CUSTOM1)
+
+
 def decode(word: int) -> dict:
     """Inverse of the encoders: {"form": "base" | "slide" | "sp" | "hp", "mnemonic", "dtype", "signedness",
-    "vd", "vs1", "vs2", ...} plus "slide", or "mask" and "imm2", or "scale" and "imm3".
+    "vd", "vs1", "vs2", ...} plus "slide", or "mask" and "imm2", or "scale" and "imm3"; for vfwmadot
+    {"form": "vfwmadot", "mnemonic", "vd", "vs1", "vs2", "slide"} (no data type: MCPM.BF16 holds it).
 
     Raises ValueError for anything else, reserved field values included. Register constraints are not
     re-checked: a word the encoder would refuse for overlapping registers still decodes."""
     if not isinstance(word, int) or not 0 <= word <= 0xFFFFFFFF:
         raise ValueError(f"not a 32-bit word: {word!r}")
     if word & 0x7F != OPCODE_CUSTOM1 or not word >> 31:
-        raise ValueError(f"0x{word:08x} is not an IME2 integer matrix word (opcode or bit 31)")
+        raise ValueError(f"0x{word:08x} is not an IME2 matrix word (opcode or bit 31)")
+    if word >> 25 == VFWMADOT_FUNCT7:
+        return _decode_vfwmadot(word)
     dt, family = word >> 29 & 3, word >> 26 & 7
     if dt not in _DTYPE_NAME:
         raise ValueError(f"0x{word:08x}: data type field {dt:02b} is not i4 (10) or i8 (11)")
@@ -198,3 +223,16 @@ def _decode_dense(word: int, family: int, fields: dict) -> None:
     if slide_code == 3:
         raise ValueError(f"0x{word:08x}: slide field 0b11 is reserved")
     fields.update(form="slide", vs1=(word >> 16 & 15) << 1, slide=slide_code + 1)
+
+
+def _decode_vfwmadot(word: int) -> dict:
+    funct3 = word >> 12 & 7
+    if not funct3 & 0b100:
+        raise ValueError(f"0x{word:08x}: vfwmadot field [14:12] = {funct3:03b} is reserved (100 to 111)")
+    slide, vd, vs1 = funct3 & 3, word >> 7 & 31, word >> 15 & 31
+    if vd % 2:
+        raise ValueError(f"0x{word:08x}: vd field must be even in vfwmadot")
+    if slide and vs1 % 2:
+        raise ValueError(f"0x{word:08x}: vs1 field must be even in vfwmadot{slide}")
+    return {"form": "vfwmadot", "mnemonic": "smt.vfwmadot" + (str(slide) if slide else ""), "vd": vd, "vs1": vs1,
+            "vs2": word >> 20 & 31, "slide": slide}
