@@ -45,8 +45,8 @@ MARCH = "rv64gcv_zfh_zvfh_zba_zbb"  # rvv_kernels.cpp uses Zba (sh3add); the A10
 VLEN = ime2.VLEN
 BEAT_BYTES = 16  # the plugin's vector-memory beat; a100.py charges bytes, not beats
 # ime2_emu.h's enum imegen_ime2_kind, in order.
-KINDS = ("vmadot", "vmadot_hp", "vpack", "vupack_slow", "vupack", "vnpack4")
-MATRIX_KINDS = ("vmadot", "vmadot_hp")
+KINDS = ("vmadot", "vmadot_hp", "vpack", "vupack_slow", "vupack", "vnpack4", "vmadot_sp", "vfwmadot")
+MATRIX_KINDS = ("vmadot", "vmadot_hp", "vmadot_sp", "vfwmadot")
 LAYOUT_KINDS = ("vpack", "vupack_slow", "vupack", "vnpack4")
 
 
@@ -115,7 +115,7 @@ def reclassify(counts: dict[str, int], kinds: dict[str, int]) -> dict[str, int]:
     if misfiled < 0 or plugin_vmadot > kinds["vmadot"] or out.get("kernel.int", 0) < misfiled:
         raise ToolchainError(f"IME2 counts disagree: plugin vmadot {plugin_vmadot}, emulator {kinds}", [])
     out["kernel.int"] -= misfiled
-    out["kernel.vmadot"] = out.get("kernel.vmadot", 0) + kinds["vmadot_hp"] + kinds["vmadot"] - plugin_vmadot
+    out["kernel.vmadot"] = out.get("kernel.vmadot", 0) + sum(kinds.get(k, 0) for k in MATRIX_KINDS) - plugin_vmadot
     for k in LAYOUT_KINDS:
         out[f"kernel.ime2.{k}"] = kinds[k]
     return out
