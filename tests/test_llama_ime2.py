@@ -577,7 +577,7 @@ def _emulator_mutation(text: str, mutation: str) -> str:
                                   "+ ((c & 1) ^ !d->unpack) * VLENB + c / 2 * chunk;"),
         "vpack imm2 0 takes 16-bit chunks": ("return imm2 ? 16u << (imm2 - 1) : 1u << (vtype >> 3 & 7);",
                                              "return imm2 ? 16u << (imm2 - 1) : 2u << (vtype >> 3 & 7);"),
-        "vmadot reads A unsigned": ("d->a_signed = w >> 13 & 1;", "d->a_signed = 0;"),
+        "vmadot reads A unsigned": ("d->a_signed = w >> 13 & 1; /* sg: ", "d->a_signed = 0; /* sg: "),
     }
     old, new = edits[mutation]
     assert text.count(old) == 1, "ime2_emu.c changed: update the mutations"
