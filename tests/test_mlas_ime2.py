@@ -7,6 +7,7 @@ hart has IME2."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shutil
 from pathlib import Path
@@ -81,6 +82,18 @@ def test_the_k3_dispatch_matches_numpy_like_mlas_drives_it():
     assert all(ime2), ime2
 
 
+def test_imegen_check_runs_the_k3_dispatch_at_vlen_1024(capsys):
+    """`imegen check` on the example: every group at VLEN 1024 (IME2 emulated), and supported() refusing 128-512."""
+    from imegen.cli import main
+
+    assert main(["check", str(SPEC)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("q4b", "ort121_ime2"))]
+    assert {r[0] for r in rows if r[1] == "mlas:ime2"} == {f"q4b{b}_gemv+q4b{b}_gemm" for b in (32, 64, 128, 256)}
+    assert all(r[3] == "1024" and r[-1] == "PASS" and int(r[-2]) > 0 for r in rows if r[1] == "mlas:ime2")
+    assert sorted(r[3] for r in rows if r[0] == "ort121_ime2_supported()") == ["128", "256", "512"]
+    assert all(r[-1] == "PASS" for r in rows)
+
+
 def test_a_broken_staging_of_a_is_caught():
     """The check can fail: a gemm kernel that stages MLAS's A rows in natural k order while its B is interleaved
     (the planar kernel's A layout) must not pass."""
@@ -95,9 +108,12 @@ def test_a_broken_staging_of_a_is_caught():
     assert bad
 
 
+# The routing tests start a process on host CPU 1 and name only hart 0.
+needs_two_cpus = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs host CPUs 0 and 1")
+
+
 def _run_on_hart_1(exe, args):
     """The driver started on host CPU 1 with only hart 0 named: the IME2 emulator kills a vmadot anywhere else."""
-    import os
     import subprocess
 
     env = {**os.environ, "IMEGEN_IME_HARTS": "0"}
@@ -107,6 +123,7 @@ def _run_on_hart_1(exe, args):
         raise toolchain.ToolchainError("program failed", cmd, r.returncode, r.stdout.decode(), r.stderr.decode())
 
 
+@needs_two_cpus
 def test_each_call_moves_to_the_named_harts(monkeypatch):
     """A thread on a hart without IME2 (here hart 1, which IMEGEN_IME_HARTS does not name) is moved to hart 0 for
     each kernel call; a kernel that skips the move dies by the emulator's SIGILL there (on a K3: wrong numbers)."""
@@ -172,6 +189,7 @@ ONE_INT8 = "SQNBitGemmBlkBitWidth4BlkLen32.SingleThread/isSymmetric0/M11xN527xK2
 
 
 @needs_apt
+@needs_two_cpus
 def test_the_dispatch_keeps_vmadots_on_the_named_harts(mlas_test_exe):
     """Started on host CPU 1 with IMEGEN_IME_HARTS=0: the emulator kills a vmadot on any hart but 0 (as an X100 would
     compute garbage), so the test passing with vmadots proves each call was moved to hart 0."""
