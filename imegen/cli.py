@@ -135,11 +135,12 @@ def cmd_ort_mlas_test(args) -> int:
     spec = Path(args.spec)
     exe = ort_tree.build_mlas_test(args.ort_version, spec)
     flt = None if args.full else ort_tree.CI_FILTER
-    print(f"ORT {args.ort_version} onnxruntime_mlas_test, spec {spec}, gtest filter {flt or '(none: the full grid)'}, QEMU VLEN {args.vlen}")
+    vlen = args.vlen or ort_tree.emulator_vlen(spec)
+    print(f"ORT {args.ort_version} onnxruntime_mlas_test, spec {spec}, gtest filter {flt or '(none: the full grid)'}, QEMU VLEN {vlen}")
     failed = False
     for label, off in (("imegen dispatch", False), ("baseline (IMEGEN_MLAS_DISABLE=1)", True)):
         ort_tree.log(f"running {label}")
-        r = ort_tree.run_mlas_test(exe, flt, vlen=args.vlen, disable_imegen=off)
+        r = ort_tree.run_mlas_test(exe, flt, vlen=vlen, disable_imegen=off)
         print(f"  {label}: {r.summary()}")
         failed |= r.failed > 0 or r.passed == 0
         if r.passed == 0:
@@ -147,7 +148,7 @@ def cmd_ort_mlas_test(args) -> int:
                   file=sys.stderr)
         elif not off and not sum(r.calls.values()):  # MLAS kept its own kernels: the passes say nothing of imegen's
             print(f"error: {label}: imegen's dispatch was never called (MLAS did not install it: does every kernel "
-                  f"of {spec} run at VLEN {args.vlen}?), so nothing of imegen was checked", file=sys.stderr)
+                  f"of {spec} run at VLEN {vlen}?), so nothing of imegen was checked", file=sys.stderr)
             failed = True
     return 1 if failed else 0
 
@@ -378,8 +379,9 @@ def _add_ort_build_commands(sub) -> None:
                               help="the ORT source tree MLAS and its tests are built from (Debian's 1.21.0)")
     cli_types.add_renamed(om, "--ort", version)
     om.add_argument("--full", action="store_true", help="the whole gtest grid (default: the CI filter)")
-    om.add_argument("--vlen", type=cli_types.vlen, choices=cli_types.VLENS, default=256,
-                    help="QEMU's VLEN (default 256, the K1's; IME kernels run only there)")
+    om.add_argument("--vlen", type=cli_types.vlen, choices=cli_types.VLENS, default=None,
+                    help="QEMU's VLEN (default: the spec's IME target's, 1024 for ime2 (the K3's A100), else 256 "
+                    "(the K1's))")
     cs = add_command(sub, "cmake-snippet", "print the CMake lines that hook imegen into a build")
     cs.add_argument("spec", nargs="?", help=f"{SPEC_HELP}, checked now (default: ${{IMEGEN_SPEC}} in the lines)")
     out = add_command(sub, "outputs", "list generated files and their -march (for build systems)")

@@ -48,8 +48,20 @@ def _ime(d: DispatchPlan) -> bool:
     return any(p.target.needs_ime for p in d.kernels)
 
 
+def _emulator(d: DispatchPlan) -> str:
+    """The runtime/NAME.c emulator of the dispatch's IME kernels (a spec's mlas kernels share one VLEN: one board)."""
+    return next(p.target.emulator for p in d.kernels if p.target.needs_ime)
+
+
 def _flags(d: DispatchPlan) -> tuple[str, ...]:
-    return (f'-DIMEGEN_DISPATCH_HEADER="{d.prefix}dispatch.h"',) + (("-DIMEGEN_IME",) if _ime(d) else ())
+    """The driver's and kernels' -D flags: with IME kernels their emulator, and for kernels that keep their calls
+    on their harts (Target.mlas_hart_routing) the emulation build's rule: every hart has the unit, unless
+    IMEGEN_IME_HARTS names some."""
+    flags = (f'-DIMEGEN_DISPATCH_HEADER="{d.prefix}dispatch.h"',)
+    if not _ime(d):
+        return flags
+    flags += ("-DIMEGEN_IME", f"-DIMEGEN_EMULATOR={_emulator(d)}")
+    return flags + (("-DIMEGEN_IME_EMULATION",) if any(p.target.mlas_hart_routing for p in d.kernels) else ())
 
 
 def build(d: DispatchPlan, spec_file: str, *, compiler: str = "clang") -> Path:
@@ -61,7 +73,7 @@ def build(d: DispatchPlan, spec_file: str, *, compiler: str = "clang") -> Path:
             (work / name).write_text(text)
         objs = [work / n for n in files if n.endswith(".c")] + [DRIVER]
         if _ime(d):
-            objs.append(toolchain.compile_ime_emu(work / "ime_emu.o", compiler=compiler))
+            objs.append(toolchain.compile_emulator(_emulator(d), work / f"{_emulator(d)}.o", compiler=compiler))
         toolchain.compile_c(objs, work / "driver", compiler=compiler, extra_flags=list(_flags(d)),
                             include_dirs=[work, toolchain.RUNTIME_DIR])
 

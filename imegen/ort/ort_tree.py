@@ -234,6 +234,34 @@ def _generator_files() -> list[Path]:
                    *ROOT.glob("imegen/runtime/*"), *ROOT.glob("templates/**/*.j2"), *ROOT.glob("grammar/*.lark")])
 
 
+def _emulation_defines(spec: Path) -> dict[str, str]:
+    """The emulation build's CMake defines for the spec's IME target (the K1's IME when it has none): its emulator,
+    installed at its VLEN (emu_init.c), and for a target whose kernels keep their calls on its harts
+    (Target.mlas_hart_routing) the emulation rule the kernels follow: every hart has the unit, unless
+    IMEGEN_IME_HARTS names some (which the emulator then enforces)."""
+    from .. import targets
+    from ..ir import load_specs
+
+    runtime = ROOT / "imegen" / "runtime"
+    ime = next((targets.of(s) for s in load_specs(str(spec)) if s.abi == "mlas" and targets.of(s).needs_ime), None)
+    if ime is None or ime.emulator == "ime_emu":
+        return {"IMEGEN_TEST_EXTRA_SOURCES": f"{runtime / 'ime_emu.c'};{BUILD_DIR / 'emu_init.c'}"}
+    defines = {"IMEGEN_TEST_EXTRA_SOURCES": f"{runtime / (ime.emulator + '.c')};{BUILD_DIR / 'emu_init.c'}",
+               "IMEGEN_TEST_DEFINES": f"IMEGEN_EMULATOR={ime.emulator};IMEGEN_EMULATOR_VLEN={ime.only_vlen}"}
+    if ime.mlas_hart_routing:
+        defines["IMEGEN_MLAS_DEFINES"] = "IMEGEN_IME_EMULATION"
+    return defines
+
+
+def emulator_vlen(spec: Path) -> int:
+    """The VLEN ORT's MLAS tests run at for the spec: its IME target's (IME2: 1024), else the K1's 256."""
+    from .. import targets
+    from ..ir import load_specs
+
+    vlens = [targets.of(s).only_vlen for s in load_specs(str(spec)) if s.abi == "mlas" and targets.of(s).only_vlen]
+    return vlens[0] if vlens else 256
+
+
 def build_mlas_test(pin: str, spec: Path | None, *, emulate: bool = True) -> Path:
     """onnxruntime_mlas_test for riscv64 from the patched tree; spec None builds MLAS without imegen.
 
@@ -245,8 +273,7 @@ def build_mlas_test(pin: str, spec: Path | None, *, emulate: bool = True) -> Pat
     if spec is not None:
         defines["onnxruntime_MLAS_IMEGEN_SPEC"] = str(spec.resolve())
         if emulate:  # the IME trap-and-emulate runtime, and call counters in the glue
-            runtime = ROOT / "imegen" / "runtime"
-            defines["IMEGEN_TEST_EXTRA_SOURCES"] = f"{runtime / 'ime_emu.c'};{BUILD_DIR / 'emu_init.c'}"
+            defines.update(_emulation_defines(spec))
             defines["CMAKE_CXX_FLAGS"] = "-DIMEGEN_COUNT_CALLS"
     key = cache.key(files=_generator_files(), tools=("clang-19", "cmake"),
                     strings=((tree / ".imegen-patched").read_text(), tree.name, spec.read_text() if spec else "",
@@ -296,11 +323,15 @@ CI_FILTER = "SQNBitGemm*.SingleThread/isSymmetric0/*:SQNBitGemm*.SingleThread/is
 
 
 def run_mlas_test(exe: Path, gtest_filter: str | None, *, vlen: int = 256, disable_imegen: bool = False,
-                  timeout: float = 3600) -> GtestResult:
-    env = dict(os.environ)
+                  timeout: float = 3600, env: dict[str, str] | None = None, cpus: str | None = None) -> GtestResult:
+    """Run ORT's MLAS tests under QEMU; `env` adds to the environment (e.g. IMEGEN_IME_HARTS), `cpus` starts the
+    process on those host CPUs (taskset -c): where its threads start, when a test is about which harts run what."""
+    env = {**os.environ, **(env or {})}
     if disable_imegen:
         env["IMEGEN_MLAS_DISABLE"] = "1"
     cmd = ["qemu-riscv64", "-L", "/usr/riscv64-linux-gnu", "-cpu", toolchain.qemu_cpu(vlen), str(exe)]
+    if cpus is not None:
+        cmd = ["taskset", "-c", cpus, *cmd]
     if gtest_filter:
         cmd.append(f"--gtest_filter={gtest_filter}")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)

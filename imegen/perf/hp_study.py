@@ -1,11 +1,11 @@
-"""How accurate would a `vmadot*.hp` decode (gemv) kernel be (results: docs/ime2-isa.md §10.7)? A NumPy model
+"""How accurate would a `vmadot*.hp` decode (gemv) kernel be (results: docs/ime2-isa.md §10.8)? A NumPy model
 of what it computes, step by step in FP16 as docs/ime2-isa.md §6.2 specifies the instruction, against ORT's
 MatMulNBits accuracy_level 4 tolerance (|y - y_ref| <= 0.1 + 0.02 |y_ref|, y_ref the fp32 product of A and the
 dequantized weights), at every Qwen2.5-0.5B MatMulNBits shape and on several kinds of data.
 
     python3 -m imegen.perf.hp_study                # a matrix of the cases and a summary (seconds)
     python3 -m imegen.perf.hp_study --full         # every path's errors per case
-    python3 -m imegen.perf.hp_study --columns 1024 --rows 16   # docs/ime2-isa.md §10.7's run (half a minute)
+    python3 -m imegen.perf.hp_study --columns 1024 --rows 16   # docs/ime2-isa.md §10.8's run (half a minute)
 
 What is modelled, per output column and 32-k block j (B in Q4_0's format: codes q, zero point 8, fp16 scale d):
 

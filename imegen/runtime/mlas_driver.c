@@ -16,8 +16,17 @@
  * Output per case: i32 status (0 ok, 1 no kernel for this BlkLen/compute); u64 vmadot; f32 C[M][N].
  */
 #include IMEGEN_DISPATCH_HEADER /* -DIMEGEN_DISPATCH_HEADER="\"<prefix>dispatch.h\"" */
-#ifdef IMEGEN_IME
-#include "ime_emu.h"
+#ifdef IMEGEN_IME /* the kernels' emulator: runtime/NAME.c for IMEGEN_EMULATOR=NAME (default ime_emu, the K1's IME) */
+#ifndef IMEGEN_EMULATOR
+#define IMEGEN_EMULATOR ime_emu
+#endif
+#define IMEGEN_CAT3_(a, b, c) a##b##c
+#define IMEGEN_CAT3(a, b, c) IMEGEN_CAT3_(a, b, c)
+#define IMEGEN_STR_(x) #x
+#define IMEGEN_STR(x) IMEGEN_STR_(x)
+#include IMEGEN_STR(IMEGEN_EMULATOR.h)
+#define emulator_install IMEGEN_CAT3(imegen_, IMEGEN_EMULATOR, _install)
+#define emulator_count IMEGEN_CAT3(imegen_, IMEGEN_EMULATOR, _count)
 #endif
 
 #include <stdio.h>
@@ -57,7 +66,7 @@ static uint64_t read_u64(FILE *f)
 static unsigned long vmadots(void)
 {
 #ifdef IMEGEN_IME
-    return imegen_ime_emu_count();
+    return emulator_count();
 #else
     return 0;
 #endif
@@ -228,7 +237,7 @@ int main(int argc, char **argv)
     if (argc != 3)
         die("usage: mlas_driver INPUT OUTPUT | mlas_driver --supported");
 #ifdef IMEGEN_IME
-    imegen_ime_emu_install();
+    emulator_install();
 #endif
     if (!D(supported)())
         die("dispatch not supported on this hart");

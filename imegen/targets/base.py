@@ -111,6 +111,15 @@ class Target:
     # and its codes stored from q (A[m][k0]'s byte) into a layout a_chunk_stride cannot describe (None: the
     # shared quantize_block.c.j2's, when a_chunk_stride is set)
     a_store_template: str | None = None
+    # abi = mlas, CompInt8: how the micro-kernel reads MLAS's Q8 rows of A. "rows": as rows lda bytes apart with
+    # row-major scales (templates/abi_mlas.c.j2 stages them so); "workspace": in the target's own A layout
+    # (a_index, a_scale_index), into which each kernel call stages the rows it was handed
+    mlas_a_layout: str = "rows"
+    # abi = mlas: the dispatch itself keeps the vmadots on the ime_harts, because nothing else would: it installs
+    # where such a hart exists and confines each kernel call to them (entering them as the custom-op library
+    # does), or aborts the call. False: MLAS's VLEN check at init is all (the K1, where every hart has VLEN 256
+    # and a vmadot on a core without IME traps: its docs ask for taskset)
+    mlas_hart_routing: bool = False
 
     # --- DSL validation (ir.build_spec) ---
 

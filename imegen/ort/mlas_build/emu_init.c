@@ -1,9 +1,18 @@
-/* Linked into onnxruntime_mlas_test in emulation builds: installs imegen's IME trap-and-emulate
- * runtime before ORT's test main runs (only where IME's geometry exists, VLEN = 256), and reports
- * at exit how many IME instructions were emulated, so a run proves imegen's IME kernels ran. */
+/* Linked into onnxruntime_mlas_test in emulation builds: installs the spec's trap-and-emulate runtime
+ * (runtime/NAME.c for -DIMEGEN_EMULATOR=NAME: the K1's IME by default, the K3's IME2 with ime2_emu) before ORT's
+ * test main runs, only where its geometry exists (VLEN = IMEGEN_EMULATOR_VLEN), and reports at exit how many
+ * matrix instructions were emulated, so a run proves imegen's kernels ran. */
 #include <stdio.h>
 
-#include "../../runtime/ime_emu.h"
+#ifndef IMEGEN_EMULATOR
+#define IMEGEN_EMULATOR ime_emu
+#define IMEGEN_EMULATOR_VLEN 256
+#endif
+#define IMEGEN_CAT3_(a, b, c) a##b##c
+#define IMEGEN_CAT3(a, b, c) IMEGEN_CAT3_(a, b, c)
+#define IMEGEN_STR_(x) #x
+#define IMEGEN_STR(x) IMEGEN_STR_(x)
+#include IMEGEN_STR(../../runtime/IMEGEN_EMULATOR.h)
 
 static int installed;
 
@@ -11,14 +20,14 @@ __attribute__((constructor)) static void imegen_emu_init(void)
 {
     unsigned long vlenb;
     __asm__ volatile(".option push\n.option arch, +v\ncsrr %0, vlenb\n.option pop" : "=r"(vlenb));
-    if (vlenb == 32) {
-        imegen_ime_emu_install();
+    if (vlenb * 8 == IMEGEN_EMULATOR_VLEN) {
+        IMEGEN_CAT3(imegen_, IMEGEN_EMULATOR, _install)();
         installed = 1;
     }
 }
 
 __attribute__((destructor)) static void imegen_emu_report(void)
 {
-    fprintf(stderr, "imegen IME emulator: %lu vmadot emulated%s\n", imegen_ime_emu_count(),
-            installed ? "" : " (not installed: VLEN != 256)");
+    fprintf(stderr, "imegen IME emulator: %lu vmadot emulated%s\n", IMEGEN_CAT3(imegen_, IMEGEN_EMULATOR, _count)(),
+            installed ? "" : " (not installed: VLEN != " IMEGEN_STR(IMEGEN_EMULATOR_VLEN) ")");
 }

@@ -16,8 +16,7 @@ from .kernel import gemm_zp_in_loop, ime2_plan
 
 class Ime2Target(Target):
     def mlas_refusal(self, spec: KernelSpec) -> tuple[str, str] | None:
-        return "abi", ("target ime2 has no MLAS dispatch: MLAS's CompInt8 kernels are routed to IME only on the K1; "
-                       "use abi = imegen")
+        return rules.mlas_refusal(spec)
 
     def validate(self, spec: KernelSpec, refuse: Refuse) -> KernelSpec:
         rules.validate(spec, refuse)
@@ -76,4 +75,7 @@ TARGET = Ime2Target(
                        route_file="/proc/set_ai_thread"),
     # the A quantizer stores whole blocks into the 16-k step layout itself (layout.a_step_bytes)
     a_store_template="quantize_ime2.c.j2",
-    fallback_refusal="a fallback kernel runs where no IME hart is reachable, so its target must be rvv or scalar")
+    fallback_refusal="a fallback kernel runs where no IME hart is reachable, so its target must be rvv or scalar",
+    # abi = mlas: MLAS's Q8 rows are staged into the tile layout vmadot reads (layout.a_index); a K3's X100 harts
+    # have no IME2 (a vmadot there computes wrong numbers without trapping), so the dispatch routes its calls
+    mlas_a_layout="workspace", mlas_hart_routing=True)

@@ -19,6 +19,24 @@ SERVING = {"gemv": {"tile": "1x32", "unpack": "interleaved", "panel": 32},
            "gemm": {"tile": "8x32", "unpack": "interleaved", "panel": 32}}
 
 
+# abi = mlas: MLAS offsets packed B by RangeStartN * ldb, RangeStartN a multiple of 16 (its thread ranges), so a
+# panel may not be wider than 16 columns: 16 = two B tiles, and an output tile spans at most one panel.
+MLAS_PANEL = 16
+
+
+def mlas_refusal(spec: KernelSpec) -> tuple[str, str] | None:
+    """(setting, why) when an abi = mlas kernel cannot be an IME2 kernel behind MLAS's QNBitGemm dispatch."""
+    if spec.bits == 8:
+        return "bits", ("abi mlas with target ime2 serves 4-bit weights: MLAS runs 8-bit ones only through its BlkSum "
+                        "contract (codes stored signed, zero points as per-block sums), whose fold IME2 kernels do "
+                        "not have; use abi = imegen (the custom-op library) for 8-bit weights on the K3")
+    if spec.tile_n > MLAS_PANEL:
+        return "tile", (f"abi mlas with target ime2: tile width {spec.tile_n} spans two panels; MLAS hands column "
+                        f"ranges starting at multiples of {MLAS_PANEL}, so B is packed in {MLAS_PANEL}-column panels "
+                        f"and a tile is at most {MLAS_PANEL} wide (e.g. tile = 1x16, 8x16 with panel = 16)")
+    return None
+
+
 def serving_k_unroll(block: int) -> int:
     """Two 16-k steps per iteration (a 4-bit byte row holds two) where the block allows it, else one."""
     return 2 if block % (2 * K_STEP) == 0 else 1
