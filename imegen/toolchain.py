@@ -43,12 +43,6 @@ IME_HARTS_ENV = "IMEGEN_IME_HARTS"  # which harts execute vmadot: "0-3", "0,2", 
 MARCHID_X60 = 0x8000000058000001
 MARCHID_A60 = 0x8000000041000001
 K1_IME_HARTS = (0, 1, 2, 3)
-# The K3: its A100 cores (IME2, VLEN 1024) report this marchid beside the X100 ones (VLEN 256, no IME2), and a
-# thread becomes an A100 thread by writing its id to the routing file (llama.cpp's ggml-cpu/spacemit ime_env.cpp
-# and ime.cpp); where the file is absent, the program is pinned to those harts instead.
-MARCHID_A100 = 0x8000000041000002
-A100_ROUTE_FILE = "/proc/set_ai_thread"
-MATRIX_ISAS = {MARCHID_A60: "IME", MARCHID_A100: "IME2"}  # how refusals name the matrix ISA of a marchid
 
 
 def qemu_cpu(vlen: int | None = 256, *, zfh: bool = True) -> str:
@@ -105,6 +99,7 @@ class MatrixHarts:
     """Where this machine runs the programs of one matrix ISA (the marchid of the cores that have it)."""
 
     marchid: int
+    isa: str = "IME"  # how messages name it (a target's title)
     harts: tuple[int, ...] = ()  # none: no hart here has it
     vlen: int | None = None  # those harts' VLEN (a K3's A100 harts have 1024, its other harts 256)
     route_file: str = ""  # written with a thread's id to make it a thread of those harts ("": pin to them)
@@ -136,19 +131,20 @@ class Host:
         """Where the matrix ISA of the cores reporting `marchid` runs here (MARCHID_A60: the K1's IME, on
         `ime_harts` at this hart's VLEN)."""
         if marchid == MARCHID_A60:
-            return MatrixHarts(marchid, self.ime_harts, self.vlen)
-        return next((m for m in self.matrix if m.marchid == marchid), MatrixHarts(marchid))
+            return MatrixHarts(marchid, "IME", self.ime_harts, self.vlen)
+        found = next((m for m in self.matrix if m.marchid == marchid), None)
+        return found or next((b for b in matrix_boards() if b.marchid == marchid),  # known, but no hart here
+                             MatrixHarts(marchid, f"the matrix ISA of marchid {marchid:#x}"))
 
     def cannot_run(self, vlen: int | None, ime: bool, marchid: int = MARCHID_A60) -> str | None:
         """Why this machine cannot run natively a program needing `vlen` (None: any) and, if `ime`, the matrix ISA
         of `marchid`'s cores (None: it can)."""
         have_vlen, whose = self.vlen, "this machine's has"
         if ime:
-            isa = MATRIX_ISAS.get(marchid, f"the matrix ISA of marchid {marchid:#x}")
             where = self.matrix_harts(marchid)
             if not where.harts:
-                return f"the program uses {isa} (vmadot) and no hart of this machine has it"
-            have_vlen, whose = where.vlen, f"this machine's {isa} harts have"
+                return f"the program uses {where.isa} (vmadot) and no hart of this machine has it"
+            have_vlen, whose = where.vlen, f"this machine's {where.isa} harts have"
         if vlen is not None and vlen != have_vlen:
             have = f"VLEN {have_vlen}" if have_vlen else "no vector unit (V)"
             return f"the program needs a hart with VLEN {vlen} and {whose} {have}"
@@ -164,16 +160,29 @@ def current_host() -> Host:
     cpuinfo = _read_cpuinfo()
     override = os.environ.get(IME_HARTS_ENV)
     return Host(machine, vlen=hart_vlen(cpuinfo), ime_harts=ime_harts(cpuinfo, override),
-                qemu=shutil.which(QEMU) is not None, matrix=_k3_matrix(cpuinfo, override))
+                qemu=shutil.which(QEMU) is not None, matrix=_matrix_harts(cpuinfo, override))
 
 
-def _k3_matrix(cpuinfo: str, override: str | None) -> tuple[MatrixHarts, ...]:
-    """A K3's A100 harts (IME2) and their VLEN, probed on them; () where no hart reports the A100's marchid."""
-    harts = ime_harts(cpuinfo, override, MARCHID_A100)
-    if not harts or not isa_has_v(cpuinfo):
+def matrix_boards() -> tuple[MatrixHarts, ...]:
+    """The matrix ISAs whose cores report a marchid of their own (not the K1's rule), as the targets describe
+    their boards (Target.ime_harts: a K3's A100 cores for IME2), with no harts found yet."""
+    from . import targets  # the targets know the boards; nothing they import reaches this module
+
+    return tuple(MatrixHarts(t.ime_harts.marchid, t.title, route_file=t.ime_harts.route_file)
+                 for t in targets.ALL if t.ime_harts is not None and t.ime_harts.marchid != MARCHID_A60)
+
+
+def _matrix_harts(cpuinfo: str, override: str | None) -> tuple[MatrixHarts, ...]:
+    """Each such ISA's harts here (by marchid, or the override) and their VLEN, probed on them."""
+    if not isa_has_v(cpuinfo):
         return ()
-    where = MatrixHarts(MARCHID_A100, harts, route_file=A100_ROUTE_FILE)
-    return (replace(where, vlen=_probe_vlen(where.prefix())),)
+    found = []
+    for board in matrix_boards():
+        harts = ime_harts(cpuinfo, override, board.marchid)
+        if harts:
+            where = replace(board, harts=harts)
+            found.append(replace(where, vlen=_probe_vlen(where.prefix())))
+    return tuple(found)
 
 
 def _read_cpuinfo() -> str:
@@ -368,8 +377,8 @@ def _on_named_ime_harts(ime: bool) -> list[str]:
 def launch(exe: str, *, vlen: int | None = 256, ime: bool = False, host: bool = False,
            marchid: int = MARCHID_A60) -> list[str]:
     """The command that runs riscv64 program `exe` on a hart of `vlen` (None: any; under QEMU its default)
-    that has, if `ime`, the matrix ISA of the cores reporting `marchid` (the K1's IME by default; MARCHID_A100:
-    the K3's IME2): qemu-riscv64 on another machine; on a riscv64 one, the program itself where a hart can run
+    that has, if `ime`, the matrix ISA of the cores reporting `marchid` (the K1's IME by default; a target's
+    Target.ime_harts.marchid for another): qemu-riscv64 on another machine; on a riscv64 one, the program itself where a hart can run
     it (matrix programs pinned or routed to those harts), else qemu-riscv64, else a HostError saying why.
     host=True: `exe` was built for this machine."""
     if host:

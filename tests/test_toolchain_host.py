@@ -265,20 +265,23 @@ def test_native_ime_runs_are_checked_without_the_emulators_vmadot_count(monkeypa
 
 
 # ------------------------------------------------------------------------------------------- a K3, simulated
-X100, A100 = "0x8000000058000002", f"{toolchain.MARCHID_A100:#x}"
+IME2_BOARD = next(b for b in toolchain.matrix_boards() if b.isa == "IME2")  # from target ime2's ImeHarts
+A100_ID = IME2_BOARD.marchid
+X100, A100 = "0x8000000058000002", f"{A100_ID:#x}"
 K3_CPUINFO = cpuinfo([X100] * 8 + [A100] * 8)  # X100 harts 0-7 (VLEN 256), A100 harts 8-15 (IME2, VLEN 1024)
-K3_IME2 = toolchain.MatrixHarts(toolchain.MARCHID_A100, tuple(range(8, 16)), 1024, "/nonexistent/set_ai_thread")
+K3_IME2 = replace(IME2_BOARD, harts=tuple(range(8, 16)), vlen=1024, route_file="/nonexistent/set_ai_thread")
 K3 = Host("riscv64", vlen=256, ime_harts=(), qemu=True, matrix=(K3_IME2,))
-A100_ID = toolchain.MARCHID_A100
 
 
-def test_the_ime2_targets_harts_are_the_ones_the_host_looks_for():
+def test_the_host_looks_for_the_harts_the_targets_name():
     """The K3's marchid and routing file, as the custom-op library reads them (the target) and as imegen check
-    runs on a K3 (the host): the same."""
+    runs on a K3 (the host): one source, the ime2 target's ImeHarts; the K1's IME keeps its own rule."""
     from imegen import targets
     k3 = targets.get("ime2").ime_harts
-    assert (k3.marchid, k3.route_file) == (toolchain.MARCHID_A100, toolchain.A100_ROUTE_FILE)
+    assert (IME2_BOARD.marchid, IME2_BOARD.route_file) == (k3.marchid, k3.route_file) == (0x8000000041000002,
+                                                                                           "/proc/set_ai_thread")
     assert targets.get("ime").ime_harts.marchid == toolchain.MARCHID_A60
+    assert [b.isa for b in toolchain.matrix_boards()] == ["IME2"]
 
 
 @pytest.mark.parametrize("host, vlen, ime, marchid, expected", [
@@ -321,14 +324,15 @@ def test_current_host_on_a_simulated_k3(monkeypatch, tmp_path):
     """A K3's detection: the X100 harts' VLEN from the unpinned probe, the A100 harts from their marchid and
     their VLEN from the probe run on them (here a fake probe that answers by how it was started), no K1 IME."""
     simulate_riscv64(monkeypatch, tmp_path, K3_CPUINFO)
-    monkeypatch.setattr(toolchain, "A100_ROUTE_FILE", str(tmp_path / "absent"))
+    absent = str(tmp_path / "absent")
+    monkeypatch.setattr(toolchain, "matrix_boards", lambda: (replace(IME2_BOARD, route_file=absent),))
     real_run = subprocess.run
     monkeypatch.setattr(toolchain.subprocess, "run", lambda cmd, **kw: real_run(
         ["echo", "1024"] if cmd[:3] == ["taskset", "-c", "8-15"] else cmd, **kw))
     try:
         here = toolchain.current_host()
         assert (here.vlen, here.ime_harts) == (256, ())
-        assert here.matrix == (toolchain.MatrixHarts(A100_ID, tuple(range(8, 16)), 1024, str(tmp_path / "absent")),)
+        assert here.matrix == (replace(IME2_BOARD, harts=tuple(range(8, 16)), vlen=1024, route_file=absent),)
         assert here.cannot_run(1024, True, A100_ID) is None and here.cannot_run(256, True) is not None
     finally:
         toolchain.current_host.cache_clear()
