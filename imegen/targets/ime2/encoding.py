@@ -84,6 +84,19 @@ def _pair_name(r: int) -> str:
     return f"v{r}-v{r + 1}"
 
 
+def _check_tile_operands(vd: int, vs1: int, vs2: int, slide: int, result: str) -> None:
+    """The register rules vmadot and vfwmadot share: C in the even pair vd, vd+1; A in vs1 (a slide form: the even
+    pair vs1, vs1+1); B in vs2; C overlapping neither."""
+    for name, r in (("vd", vd), ("vs1", vs1), ("vs2", vs2)):
+        _check_vreg(name, r)
+    _check_even("vd", vd, f"the {result} result occupies v{vd}, v{vd}+1")
+    a_regs = {vs1}
+    if slide:
+        _check_even("vs1", vs1, "slide forms read A from the pair vs1, vs1+1")
+        a_regs = _pair(vs1)
+    _check_disjoint(_pair(vd), _pair_name(vd), {"vs1 (A)": a_regs, "vs2 (B)": {vs2}})
+
+
 def encode_vmadot(vd: int, vs1: int, vs2: int, *, signedness: str = "ss", dtype: str = "i8",
                   slide: int = 0) -> int:
     """`smt.vmadot{slide}{sign} vd, vs1, vs2, {dtype}`: int32 C[8x8] in vd, vd+1 += A x B^T.
@@ -97,14 +110,7 @@ def encode_vmadot(vd: int, vs1: int, vs2: int, *, signedness: str = "ss", dtype:
         raise ValueError(f"slide must be 0..3, got {slide!r}")
     if slide and dtype != "i8":
         raise ValueError(f"the sliding-window forms exist for i8 only, not {dtype}")
-    for name, r in (("vd", vd), ("vs1", vs1), ("vs2", vs2)):
-        _check_vreg(name, r)
-    _check_even("vd", vd, f"the int32 result occupies v{vd}, v{vd}+1")
-    a_regs = {vs1}
-    if slide:
-        _check_even("vs1", vs1, "slide forms read A from the pair vs1, vs1+1")
-        a_regs = _pair(vs1)
-    _check_disjoint(_pair(vd), _pair_name(vd), {"vs1 (A)": a_regs, "vs2 (B)": {vs2}})
+    _check_tile_operands(vd, vs1, vs2, slide, "int32")
     family = FAMILY_SLIDE if slide else FAMILY_BASE
     word = (1 << 31 | DTYPE_CODE[dtype] << 29 | family << 26 | 1 << 25 | vs2 << 20 | vs1 << 15
             | SIGN_CODE[signedness] << 12 | vd << 7 | OPCODE_CUSTOM1)
@@ -159,14 +165,7 @@ def encode_vfwmadot(vd: int, vs1: int, vs2: int, *, slide: int = 0) -> int:
     runs FP16: docs/ime2-isa.md §6.4). ValueError if the spec makes it illegal."""
     if slide not in (0, 1, 2, 3):
         raise ValueError(f"slide must be 0..3, got {slide!r}")
-    for name, r in (("vd", vd), ("vs1", vs1), ("vs2", vs2)):
-        _check_vreg(name, r)
-    _check_even("vd", vd, f"the fp32 result occupies v{vd}, v{vd}+1")
-    a_regs = {vs1}
-    if slide:
-        _check_even("vs1", vs1, "slide forms read A from the pair vs1, vs1+1")
-        a_regs = _pair(vs1)
-    _check_disjoint(_pair(vd), _pair_name(vd), {"vs1 (A)": a_regs, "vs2 (B)": {vs2}})
+    _check_tile_operands(vd, vs1, vs2, slide, "fp32")
     return (VFWMADOT_FUNCT7 << 25 | vs2 << 20 | vs1 << 15 | (0b100 | slide) << 12 | vd << 7 | OPCODE_CUSTOM1)
 
 
