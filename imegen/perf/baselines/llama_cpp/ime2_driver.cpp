@@ -80,6 +80,18 @@ std::vector<uint8_t> read_file(const std::string &path)
     return data;
 }
 
+// The end of a run: the emulated IME2 instruction count on stdout, C to DIR/c.bin; returns the exit status.
+int finish(const std::vector<float> &c, const std::string &dir)
+{
+    printf("emulated %lu\n", imegen_ime2_emu_count());
+    FILE *f = fopen((dir + "/c.bin").c_str(), "wb");
+    if (!f || fwrite(c.data(), sizeof(float), c.size(), f) != c.size() || fclose(f) != 0) {
+        perror("c.bin");
+        return 2;
+    }
+    return 0;
+}
+
 // ime.cpp's MoE walk over DIR/calls.txt (see the head of this file); returns the exit status.
 int run_moe(const moe_entry &e, size_t M, size_t N, size_t k_blks, size_t blk_len, const std::string &dir)
 {
@@ -123,13 +135,7 @@ int run_moe(const moe_entry &e, size_t M, size_t N, size_t k_blks, size_t blk_le
         }
     }
     fclose(calls);
-    printf("emulated %lu\n", imegen_ime2_emu_count());
-    FILE *f = fopen((dir + "/c.bin").c_str(), "wb");
-    if (!f || fwrite(c.data(), sizeof(float), c.size(), f) != c.size() || fclose(f) != 0) {
-        perror("c.bin");
-        return 2;
-    }
-    return 0;
+    return finish(c, dir);
 }
 
 }  // namespace
@@ -222,12 +228,5 @@ int main(int argc, char **argv)
             m += rows;
         }
     }
-    printf("emulated %lu\n", imegen_ime2_emu_count());
-
-    FILE *f = fopen((dir + "/c.bin").c_str(), "wb");
-    if (!f || fwrite(c.data(), sizeof(float), c.size(), f) != c.size() || fclose(f) != 0) {
-        perror("c.bin");
-        return 2;
-    }
-    return 0;
+    return finish(c, dir);
 }
