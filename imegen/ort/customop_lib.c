@@ -44,14 +44,8 @@
 #define IMEGEN_IME_WHERE "0-3"
 #endif
 
-#ifdef IMEGEN_IME_EMULATION /* runtime/NAME.c for IMEGEN_EMULATOR=NAME: NAME.h, imegen_NAME_install/_count */
-#define IMEGEN_CAT3_(a, b, c) a##b##c
-#define IMEGEN_CAT3(a, b, c) IMEGEN_CAT3_(a, b, c)
-#define IMEGEN_STR_(x) #x
-#define IMEGEN_STR(x) IMEGEN_STR_(x)
-#include IMEGEN_STR(IMEGEN_EMULATOR.h)
-#define emulator_install IMEGEN_CAT3(imegen_, IMEGEN_EMULATOR, _install)
-#define emulator_count IMEGEN_CAT3(imegen_, IMEGEN_EMULATOR, _count)
+#ifdef IMEGEN_IME_EMULATION /* runtime/NAME.c for IMEGEN_EMULATOR=NAME */
+#include "emulator.h"
 #endif
 
 #ifndef IMEGEN_DOMAIN

@@ -17,16 +17,7 @@
  */
 #include IMEGEN_DISPATCH_HEADER /* -DIMEGEN_DISPATCH_HEADER="\"<prefix>dispatch.h\"" */
 #ifdef IMEGEN_IME /* the kernels' emulator: runtime/NAME.c for IMEGEN_EMULATOR=NAME (default ime_emu, the K1's IME) */
-#ifndef IMEGEN_EMULATOR
-#define IMEGEN_EMULATOR ime_emu
-#endif
-#define IMEGEN_CAT3_(a, b, c) a##b##c
-#define IMEGEN_CAT3(a, b, c) IMEGEN_CAT3_(a, b, c)
-#define IMEGEN_STR_(x) #x
-#define IMEGEN_STR(x) IMEGEN_STR_(x)
-#include IMEGEN_STR(IMEGEN_EMULATOR.h)
-#define emulator_install IMEGEN_CAT3(imegen_, IMEGEN_EMULATOR, _install)
-#define emulator_count IMEGEN_CAT3(imegen_, IMEGEN_EMULATOR, _count)
+#include "emulator.h"
 #endif
 
 #include <stdio.h>

@@ -8,11 +8,7 @@
 #define IMEGEN_EMULATOR ime_emu
 #define IMEGEN_EMULATOR_VLEN 256
 #endif
-#define IMEGEN_CAT3_(a, b, c) a##b##c
-#define IMEGEN_CAT3(a, b, c) IMEGEN_CAT3_(a, b, c)
-#define IMEGEN_STR_(x) #x
-#define IMEGEN_STR(x) IMEGEN_STR_(x)
-#include IMEGEN_STR(../../runtime/IMEGEN_EMULATOR.h)
+#include "../../runtime/emulator.h"
 
 static int installed;
 
@@ -21,13 +17,13 @@ __attribute__((constructor)) static void imegen_emu_init(void)
     unsigned long vlenb;
     __asm__ volatile(".option push\n.option arch, +v\ncsrr %0, vlenb\n.option pop" : "=r"(vlenb));
     if (vlenb * 8 == IMEGEN_EMULATOR_VLEN) {
-        IMEGEN_CAT3(imegen_, IMEGEN_EMULATOR, _install)();
+        emulator_install();
         installed = 1;
     }
 }
 
 __attribute__((destructor)) static void imegen_emu_report(void)
 {
-    fprintf(stderr, "imegen IME emulator: %lu vmadot emulated%s\n", IMEGEN_CAT3(imegen_, IMEGEN_EMULATOR, _count)(),
+    fprintf(stderr, "imegen IME emulator: %lu vmadot emulated%s\n", emulator_count(),
             installed ? "" : " (not installed: VLEN != " IMEGEN_STR(IMEGEN_EMULATOR_VLEN) ")");
 }
