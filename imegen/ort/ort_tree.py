@@ -230,8 +230,10 @@ def git_apply(tree: Path, patch: str, check: bool = False) -> None:
 # --- building MLAS and its tests ---------------------------------------------------------------
 
 def _generator_files() -> list[Path]:
-    return sorted([*ROOT.glob("imegen/**/*.py"), *ROOT.glob("imegen/**/*.cmake"), *ROOT.glob("imegen/**/CMakeLists.txt"),
-                   *ROOT.glob("imegen/runtime/*"), *ROOT.glob("templates/**/*.j2"), *ROOT.glob("grammar/*.lark")])
+    build_dir = [p for p in BUILD_DIR.rglob("*") if p.is_file()]  # emu_init.c and the shim headers too
+    return sorted({*ROOT.glob("imegen/**/*.py"), *ROOT.glob("imegen/**/*.cmake"), *ROOT.glob("imegen/**/CMakeLists.txt"),
+                   *build_dir, *ROOT.glob("imegen/runtime/*"), *ROOT.glob("templates/**/*.j2"),
+                   *ROOT.glob("grammar/*.lark")})
 
 
 def _emulation_defines(spec: Path) -> dict[str, str]:
