@@ -567,9 +567,7 @@ def zp_loop_body(spec: KernelSpec, zp_default: int) -> tuple[AsmOp, ...]:
         ops += [AsmOp("vle8", f"vl1re8.v {raw}, (%[zp])", "B's zero points, 32 columns"),
                 AsmOp("vle8", f"vl4re8.v {low}, (t2)", "lane -> column (ZP_SPREAD_AT)"),
                 AsmOp("vgather", f"vrgather.vv v{Z_ZP}, {raw}, {low}", "each column's zero point over its 16 bytes")]
-    ops += [AsmOp("vle8", f"vl4re8.v {raw}, (%[b])", "B cols 0..31, the block's 32 k"),
-            AsmOp("vand", f"vand.vi {low}, {raw}, 15", "low nibbles: the first 16-k step"),
-            AsmOp("vsrl", f"vsrl.vi {raw}, {raw}, 4", "high nibbles: the second")]
+    ops += [AsmOp("vle8", f"vl4re8.v {raw}, (%[b])", "B cols 0..31, the block's 32 k"), *_unpack(spec, Z_LOW, Z_RAW)]
     if spec.zero_point == "asymmetric":
         ops += [AsmOp("vsub", f"vsub.vv {low}, {low}, v{Z_ZP}", "- zp: -15..15"), AsmOp("vsub", f"vsub.vv {raw}, {raw}, v{Z_ZP}")]
     else:
