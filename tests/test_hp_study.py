@@ -70,3 +70,90 @@ def test_the_study_finds_subnormal_scales_and_accumulation_error():
     g = {x.path: x for x in hp.study_shape("down", 896, 4864, gauss, columns=64, rows=2, seed=4)}
     assert g[".hp normalized S=whole K"].added > g[".hp normalized S=1"].added > 0
     assert g[".hp normalized S=1"].added < 0.1 and g["int32 (exact dots, fp32 fold)"].total < 1
+
+
+# ---------------------------------------------------------------- split3: the `.hp` gemv kernel's arithmetic
+
+
+def _split3_y(a_codes, a_scale, q, d, S):
+    y, events = hp.split3_path(np.asarray(a_codes, np.int64), np.asarray(a_scale, np.float32),
+                               np.asarray(q, np.uint8), np.asarray(d, np.float16), S)
+    return y, events
+
+
+def test_split3_with_exact_steps_is_the_exact_integer_path_bit_for_bit():
+    """S = 1, every int8 code, power-of-two scales: each dot (|t| <= 2048) times a power of two is exact in fp16,
+    each per-row / per-tensor normalization is exact, and the fp32 sums stay within 24 bits, so nothing rounds and
+    split3 must equal the exact-integer path (int32 dots, fp32 fold per block) exactly."""
+    rng = np.random.default_rng(7)
+    rows, cols, kb = 3, 5, 4
+    a_codes = rng.integers(-128, 128, (rows, kb, 32))
+    q = rng.integers(0, 16, (cols, kb, 32))
+    a_scale = np.exp2(rng.integers(-3, 1, (rows, kb))).astype(np.float32)  # F differs per row
+    d = np.exp2(rng.integers(-2, 1, (cols, kb))).astype(np.float16)
+    dot = np.einsum("rjk,cjk->rcj", a_codes, q - 8)  # independent of split3's nibble dots
+    y, events = _split3_y(a_codes, a_scale, q, d, 1)
+    assert not any(events.values())
+    np.testing.assert_array_equal(y, hp.int_path(dot, a_scale, d))
+    # and the value itself, in float64 (exact here)
+    np.testing.assert_array_equal(y, np.einsum("rcj,rj,cj->rc", dot.astype(np.float64), a_scale.astype(np.float64),
+                                               d.astype(np.float64)))
+
+
+def test_split3_decomposes_every_int8_code():
+    """16 hi + lp + 8 = c with hi, lp in -8..7, for every code -128..127: one code per row in lane 0 against
+    w = 1 there and w = 0 elsewhere, so the three dots are hi(c), lp(c) and 1, and the whole path returns c."""
+    codes = np.arange(-128, 128)
+    a_codes = np.zeros((256, 1, 32), np.int64)
+    a_codes[:, 0, 0] = codes
+    q = np.full((1, 1, 32), 8)
+    q[0, 0, 0] = 9
+    t0, t1, t2 = (t[:, 0, 0] for t in hp.split3_dots(a_codes, q.astype(np.uint8)))
+    assert t0.min() == -8 and t0.max() == 7 and t1.min() == -8 and t1.max() == 7 and (t2 == 1).all()
+    np.testing.assert_array_equal(16 * t0 + t1 + 8 * t2, codes)
+    y, _ = _split3_y(a_codes, np.ones((256, 1)), q, np.ones((1, 1)), 1)
+    np.testing.assert_array_equal(y[:, 0], codes)
+
+
+def test_split3_folds_with_16_1_and_8_and_a_hand_worked_cell():
+    """The fold coefficients one at a time, then a cell worked by hand: 32 codes 37 (hi 2, lp 5 - 8 = -3) against
+    w = 1, A scale 1 and B scale 1: F = D = 2, s = 0.5 x 0.5 = 0.25, dots (64, -96, 32), H = (16, -24, 8),
+    y = ((-24 + 16 x 16) + 8 x 8) x 4 = 1184 = 37 x 32 (with 8 for G0 it would be 672)."""
+    one, zero, f32 = np.ones((1, 1), np.float32), np.zeros((1, 1), np.float32), np.float32(1)
+    assert hp.split3_fold(one, zero, zero, f32)[0, 0] == 16
+    assert hp.split3_fold(zero, one, zero, f32)[0, 0] == 1
+    assert hp.split3_fold(zero, zero, one, f32)[0, 0] == 8
+    a_codes, q = np.full((1, 1, 32), 37), np.full((1, 1, 32), 9)
+    F, D = hp.split3_normalizers(np.ones((1, 1), np.float32), np.ones((1, 1), np.float16))
+    assert F.tolist() == [2.0] and D == 2.0
+    s = hp.split3_scales(np.ones((1, 1), np.float32), np.ones((1, 1), np.float16), F, D)
+    assert s.tolist() == [[[0.25]]]
+    assert [int(t[0, 0, 0]) for t in hp.split3_dots(a_codes, q.astype(np.uint8))] == [64, -96, 32]
+    y, _ = _split3_y(a_codes, np.ones((1, 1)), q, np.ones((1, 1)), 1)
+    assert y[0, 0] == 1184
+
+
+def test_split3_normalizers_put_the_largest_scales_in_half_to_one():
+    """F per row from its largest A scale, D per tensor from the largest |B scale|, both exact powers of two;
+    a zero / subnormal A row and an all-zero B take 1."""
+    a_scale = np.array([[0.75, 0.1], [3.0, 4.0], [0.0, 0.0], [1e-40, 0.0]], np.float32)
+    F, D = hp.split3_normalizers(a_scale, np.array([[0.01, -0.3], [0.2, 0.05]], np.float16))
+    assert F.tolist() == [1.0, 8.0, 1.0, 1.0] and D == 0.5
+    assert hp.split3_normalizers(a_scale, np.zeros((1, 2), np.float16))[1] == 1.0
+
+
+@pytest.mark.parametrize("S, finite", [(8, True), (32, True), (33, False)])
+def test_split3_needs_no_headroom_up_to_32_blocks(S, finite):
+    """The worst codes (c = -128: hi = lp = -8, against w = -8: t0 = t1 = 2048) at the largest scale split3 can
+    form (fp16(1) x (1 - 2^-11)): each block adds 2047 to H, 32 blocks reach 65504 = FP16's largest finite value,
+    33 overflow. So a super-block of all of K = 4864 (152 blocks) has no such guarantee."""
+    y, events = _split3_y(np.full((1, S, 32), -128), np.full((1, S), 0.99999), np.zeros((1, S, 32)),
+                          np.full((1, S), 1 - 2 ** -11), S)
+    assert (events["infinite H"] == 0) == finite and bool(np.isfinite(y).all()) == finite
+
+
+def test_study_includes_split3_at_every_super_block():
+    gauss = next(d for d in hp.DATA if d.name == "gaussian")
+    r = {x.path: x for x in hp.study_shape("q/o", 896, 896, gauss, columns=32, rows=2, seed=5)}
+    for S in ("1", "2", "4", "8", "whole K"):
+        assert 0 < r[f".hp split3 S={S}"].added < 0.1

@@ -23,6 +23,11 @@ The FP16 scale s of block j, column c, by scheme:
   by a power of two per column (their maximum over K, rounded up; a packing-time constant), and a headroom
   2^-h that keeps |H| below FP16's largest finite value for any codes (h from S); the fold multiplies H back
   (fp32, exact powers of two).
+- `split3`: a `.hp` gemv kernel's arithmetic, step for step: three tile rows per activation row,
+  the high nibbles (c >> 4), the low nibbles made signed ((c & 15) - 8) and ones (c = 16 hi + lp + 8), each
+  with its own FP16 accumulator and the same scale s = fp16(fp16(sa / F) * fp16(d / D)), F a power of two per
+  row (all of K) and D one per tensor that put the largest normalized scales in [0.5, 1); each accumulator
+  added to its own fp32 sum every S blocks, the sums folded once at the end, ((G1 + 16 G0) + 8 G2) x F x D.
 - `llama-i8i4`: what llama.cpp's K-blocks-of-32 Q4_0 kernel does: `.hp` with scales 16 and 1 (H = the block's
   dot in FP16), then a_scale * (d * H) in fp32 per block (S = 1).
 
@@ -197,6 +202,78 @@ def hp_path(t_hi: np.ndarray, t_lo: np.ndarray, a_scale: np.ndarray, d: np.ndarr
     return y, {"subnormal scales": subnormal, "infinite H": infinite}
 
 
+def pow2_above(x: np.ndarray) -> np.ndarray:
+    """2^(e+1) with e = floor(log2 x), for x > 0: the power of two that puts x / it in [0.5, 1). Exact: frexp's
+    exponent is e + 1."""
+    return np.ldexp(1.0, np.frexp(x)[1])
+
+
+def split3_normalizers(a_scale: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, float]:
+    """split3's exact powers of two: F per row (its largest A scale, if that is a positive normal finite fp32,
+    else 1) and D per tensor (the largest |fp16 B scale| over every block and column, if finite and nonzero,
+    else 1). Dividing by them puts the largest normalized scale in [0.5, 1)."""
+    amax = a_scale.astype(np.float64).max(axis=1)
+    normal = np.isfinite(amax) & (amax >= np.finfo(np.float32).tiny)
+    F = np.where(normal, pow2_above(np.where(normal, amax, 1.0)), 1.0)
+    dmax = float(np.abs(d.astype(np.float64)).max())
+    D = float(pow2_above(dmax)) if math.isfinite(dmax) and dmax > 0 else 1.0
+    return F, D
+
+
+def split3_scales(a_scale: np.ndarray, d: np.ndarray, F: np.ndarray, D: float) -> np.ndarray:
+    """The `.hp` scale of block b, row m, column n: fp16(sa_n * d_n), one fp16 multiply (the product of two fp16
+    values is exact in float64, so the cast is its one rounding), sa_n = fp16(sa / F), d_n = fp16(d / D) (each
+    division by a power of two is exact in float64 before its rounding). Returns (rows, cols, blocks) fp16."""
+    sa_n = (a_scale.astype(np.float64) / F[:, None]).astype(F16)
+    d_n = (d.astype(np.float64) / D).astype(F16)
+    return (sa_n.astype(np.float64)[:, None, :] * d_n.astype(np.float64)[None, :, :]).astype(F16)
+
+
+def split3_dots(a_codes: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The three exact dots per (row, column, block) of split3's A tile rows: the signed high nibbles hi = c >> 4,
+    the low nibbles made signed lp = (c & 15) - 8, and a row of ones (so that c = 16 hi + lp + 8), against B
+    read signed (w = q - 8). Each |t| <= 32 x 8 x 8 = 2048: exact in fp16."""
+    w = q.astype(np.int64) - 8
+    hi, lp = a_codes >> 4, (a_codes & 15) - 8
+    t2 = np.broadcast_to(w.sum(axis=2)[None], (a_codes.shape[0],) + w.shape[:2])
+    return np.einsum("rjk,cjk->rcj", hi, w), np.einsum("rjk,cjk->rcj", lp, w), t2
+
+
+def split3_fold(G0: np.ndarray, G1: np.ndarray, G2: np.ndarray, back: np.ndarray) -> np.ndarray:
+    """c = 16 hi + lp + 8, so y = (G1 + 16 G0) + 8 G2, each step in fp32 (16x and 8x are exact), then times the
+    normalizers' product F x D (fp32)."""
+    f32 = np.float32
+    y = ((G1 + f32(16) * G0).astype(f32) + f32(8) * G2).astype(f32)
+    return (y * back).astype(f32)
+
+
+def split3_path(a_codes: np.ndarray, a_scale: np.ndarray, q: np.ndarray, d: np.ndarray,
+                S: int) -> tuple[np.ndarray, dict]:
+    """The `.hp` gemv split3 models: per block three `.hp` steps, one per tile row (high nibbles, signed low
+    nibbles, ones), each into its own FP16 accumulator with the same scale s; every S blocks each accumulator
+    is added to its fp32 sum G_r and zeroed; the end folds the three sums (split3_fold). No headroom factor:
+    d / D is below 1 and exact in fp16, so s <= 1 - 2^-11, a block adds at most 2047 to |H_r|, and H_r stays
+    finite for any codes up to S = 32 (32 x 2047 = 65504; rounding is monotonic), not beyond. Returns (y,
+    events: subnormal scales, infinite H cells)."""
+    f32 = np.float32
+    F, D = split3_normalizers(a_scale, d)
+    s = split3_scales(a_scale, d, F, D)
+    t = split3_dots(a_codes, q)
+    kb = s.shape[2]
+    G = [np.zeros(s.shape[:2], f32) for _ in t]
+    H = [np.zeros(s.shape[:2], F16) for _ in t]
+    infinite = 0
+    for j in range(kb):
+        H = [fp16_step(h, t_r[:, :, j], s[:, :, j]) for h, t_r in zip(H, t)]
+        if j % S == S - 1 or j == kb - 1:
+            infinite += sum(int(np.count_nonzero(~np.isfinite(h))) for h in H)
+            G = [(g + h.astype(f32)).astype(f32) for g, h in zip(G, H)]
+            H = [np.zeros_like(h) for h in H]
+    back = (F.astype(f32) * f32(D)).astype(f32)[:, None]
+    subnormal = int(np.count_nonzero((s != 0) & (np.abs(s.astype(f32)) < 2.0 ** -14)))
+    return split3_fold(*G, back), {"subnormal scales": subnormal, "infinite H": infinite}
+
+
 def llama_i8i4(t_hi: np.ndarray, t_lo: np.ndarray, a_scale: np.ndarray, d: np.ndarray) -> np.ndarray:
     """llama.cpp's blocks-of-32 Q4_0 kernel: H = the block's dot through `.hp` with scales 16 and 1, then
     a_scale * (d * H) in fp32 (B read signed here; llama.cpp starts H at fp16(8 sum(a)) with B unsigned, which
@@ -266,6 +343,10 @@ def study_shape(name: str, n: int, k: int, d: Data, columns: int, rows: int, see
         label = "whole K" if S == k // BLOCK and S > 8 else str(S)
         out.append(result(f".hp A per super-block S={label}", y,
                           ", ".join(f"{v} {key}" for key, v in ev.items() if v)))
+    for S in super_blocks(k // BLOCK):
+        y, ev = split3_path(a_codes, a_scale, q, scale, S)
+        label = "whole K" if S == k // BLOCK and S > 8 else str(S)
+        out.append(result(f".hp split3 S={label}", y, ", ".join(f"{v} {key}" for key, v in ev.items() if v)))
     return out
 
 
@@ -300,13 +381,16 @@ def table(results: list[Result]) -> str:
 MATRIX = (("int32 total", "int32 (exact dots, fp32 fold)", "total"),
           ("llama", "llama-i8i4 (.hp 16/1, fp32 fold per block)", "added"),
           *((f"S={s}", f".hp normalized S={s}", "added") for s in ("1", "2", "4", "8", "whole K")),
+          *((f"sp3 S={s}", f".hp split3 S={s}", "added") for s in ("1", "2", "4", "8")),
+          ("sp3 whole K", ".hp split3 S=whole K", "added"),
           ("abs S=1 rel", ".hp absolute S=1", "relative"),
           ("A/8 S=8", ".hp A per super-block S=8", "added"))
 
 
 def matrix(results: list[Result]) -> str:
     """One line per (shape, data): the exact-integer path's total error and what each `.hp` scheme adds, in
-    units of ORT's tolerance ('abs S=1 rel': the absolute scheme's added error against the outputs' rms)."""
+    units of ORT's tolerance ('sp3': split3; 'abs S=1 rel': the absolute scheme's added error against the
+    outputs' rms)."""
     by = {(r.shape, r.data, r.path): r for r in results}
     cases = list(dict.fromkeys((r.shape, r.data) for r in results))
     head = f"{'shape':8s} {'data':32s} " + " ".join(f"{c[0]:>11s}" for c in MATRIX)
