@@ -38,6 +38,7 @@ _CHOICES: dict[str, tuple[str, object]] = {
     "stage_b": ("stage_b", ("tile", "m_block")),
     "spread": ("spread", ("group", "per_register")),
     "a_scale_type": ("a_scale_type", ("fp32", "fp16")),
+    "hp_blocks": ("hp_blocks", (0, 1, 2, 4, 8)),
     "shapes": ("shapes", list),  # NxK weight shapes, comma-separated; each dimension in DIM_RANGE
     "min_rows": ("min_rows", "rows"),  # in ROWS_RANGE
     "fallback": ("fallback", ("yes", "no")),
@@ -132,7 +133,7 @@ def register_budget(spec: KernelSpec) -> dict[str, int]:
 
 
 # DSL settings whose non-default values only some target offers (Target.options), in the order checked.
-_TARGET_OPTIONS = ("stage_b", "spread", "a_scale_type")
+_TARGET_OPTIONS = ("stage_b", "spread", "a_scale_type", "hp_blocks")
 _DEFAULTS = {f.name: f.default for f in fields(KernelSpec)}
 
 

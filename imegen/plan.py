@@ -41,12 +41,17 @@ class PackLayout:
     # t*TN + j (low nibble) and t*TN + j + TN/2 (high), the split the fold unpacks with vand/vsrl.
     zp_nibbles: bool = False
     zp_tile_n: int = 0  # TN when zp_nibbles
+    factor: bool = False  # one fp32 factor for every result after the last chunk (Target.pack_factor)
 
     @property
     def tail_bytes(self) -> int:
-        """Bytes after the last chunk a kernel may read: the gemv fold loads a tile's nibble zero points
-        as TN bytes (at SEW 16, the vl its slides and scales use), TN / 2 of them past its own."""
-        return self.zp_tile_n // 2
+        """Bytes after the last chunk: the gemv fold loads a tile's nibble zero points as TN bytes (at SEW 16,
+        the vl its slides and scales use), TN / 2 of them past its own; or the fp32 factor."""
+        return 4 if self.factor else self.zp_tile_n // 2
+
+    @property
+    def tail_why(self) -> str:
+        return "B's fp32 factor (finish_pack)" if self.factor else "the fold's zero-point load reads past the last"
 
     def zp_byte(self, c: str) -> str:
         """C expression: the byte of column c's zero point within a chunk's zero points."""
@@ -119,6 +124,12 @@ class KernelPlan:
         return self.spec.name
 
     @property
+    def exact_on_exact_data(self) -> bool:
+        """Is the kernel exact on exactly representable data (check.py compares it so)? Not with `.hp` vmadots: their
+        FP16 sums round even those."""
+        return not self.spec.hp_blocks
+
+    @property
     def blksum(self) -> bool:
         """MLAS's 8-bit BlkSum contract: B codes stored signed (q - 128), and zero points enter as
         C += A_blksum[m, b] * B_blksum[n, b] with A_blksum = a_scale * sum(qa), B_blksum = b_scale * (128 - zp)."""
@@ -140,7 +151,8 @@ def _pack_layout(spec: KernelSpec, target: Target) -> PackLayout:
     inline = spec.scales == "inline"
     byte, shift = target.pack_codes(spec)
     data_bytes = np_ * blk * spec.bits // 8
-    return PackLayout(np_, data_bytes, inline, scale_bytes, zp_bytes, byte, shift, nibbles, spec.tile_n if nibbles else 0)
+    return PackLayout(np_, data_bytes, inline, scale_bytes, zp_bytes, byte, shift, nibbles, spec.tile_n if nibbles else 0,
+                      target.pack_factor(spec))
 
 
 def plan_kernel(spec: KernelSpec) -> KernelPlan:

@@ -164,6 +164,8 @@ def oracle(plan: KernelPlan, case: Case) -> tuple[np.ndarray, np.ndarray]:
         return Y, bound
     a16 = plan.spec.a_scale_type
     Y, acc = ref.matmul_nbits_int8(case.A, case.qw, case.bias, a16)
+    if plan.spec.hp_blocks:
+        return Y, hp_bound(case, plan.spec.hp_blocks) + 2 * EPS32 * (np.abs(Y) + bias_mag)
     _, a_scale = ref.quantize_a_int8(case.A, case.qw.block_size, a16)
     # Each block adds float(dot) * (a_scale * b_scale): dot is exact (< 2^24), the two products and
     # the sum round, so the fold of kb terms is within (kb + 3) * eps * sum |term|.
@@ -177,6 +179,45 @@ def oracle(plan: KernelPlan, case: Case) -> tuple[np.ndarray, np.ndarray]:
     terms = mag * np.abs(a_scale)[:, None, :] * np.abs(case.qw.scales.astype(np.float64))[None, :, :]
     bound = (adds + 3) * EPS32 * terms.sum(axis=2) + 2 * EPS32 * (np.abs(Y) + bias_mag)
     return Y, bound
+
+
+FP16_U = 2.0 ** -11  # FP16's unit roundoff (round to nearest)
+FP16_SUBNORMAL_HALF_ULP = 2.0 ** -25  # the most a rounding into FP16's subnormal range can move a value
+
+
+def hp_bound(case: Case, S: int) -> np.ndarray:
+    """How far a `.hp` gemv's result (docs/ime2-isa.md §10.8: A's codes c split into rows hi = c >> 4,
+    lp = (c & 15) - 8 and ones, B signed w = q - 8, per block and column FP16 s = fp16(fp16(sa / F) fp16(d / D)),
+    three FP16 sums of fp16(t_r s) over super-blocks of S blocks, added into fp32, combined 16 r0 + r1 + 8 r2 and
+    multiplied by F D) may lie from the CompInt8 result, per element, from FP16's error model alone (not the
+    kernel's order of operations): each of the four roundings up to a product (sa / F, d / D, s, t s: the dots t
+    are exact, |t| <= 2048) and the S - 1 sums of a super-block moves a term by at most u of it, plus, where a
+    value falls below FP16's normal range, 2^-25 absolute (three times per product, once per sum), in units of
+    F D <= 2 max sa x 2 max |d|; and the fp32 steps after."""
+    qw, kb, bs = case.qw, case.qw.k_blocks, case.qw.block_size
+    qa, a_scale = ref.quantize_a_int8(case.A, bs)
+    M, N = qa.shape[0], qw.N
+    q, _ = ref.unpack_codes(qw)
+    w = np.zeros((kb * bs, N), np.int64)
+    w[: qw.K] = q
+    w = (w - 8).reshape(kb, bs, N)  # padding k: code 0 -> -8, against A codes of 0
+    a = qa.astype(np.int64).reshape(M, kb, bs)
+    rows = {16: a >> 4, 1: (a & 15) - 8, 8: np.ones_like(a)}
+    mag = np.zeros((M, N, kb))
+    small = np.zeros((M, N, kb))
+    for coef, r in rows.items():
+        t = np.abs(np.einsum("mbk,bkn->mnb", r, w))
+        mag += coef * t
+        small += coef * (3 * t + 1)
+    scales = np.abs(qw.scales.astype(np.float64))  # [N, kb], as packed (fp16)
+    sigma = np.abs(a_scale.astype(np.float64))[:, None, :] * scales[None, :, :]
+    terms = (mag * sigma).sum(axis=2)
+    top_a = np.abs(a_scale.astype(np.float64)).max(axis=1)
+    F = np.where(top_a >= 2.0 ** -126, 2 * top_a, 1.0)  # >= the kernel's row factor
+    top_b = scales.max(initial=0.0)
+    D = 2 * top_b if top_b > 0 else 1.0
+    absolute = F[:, None] * D * FP16_SUBNORMAL_HALF_ULP * small.sum(axis=2)
+    return (S + 3) * FP16_U * 1.01 * terms + absolute + (kb + 8) * EPS32 * terms
 
 
 def compare(plan: KernelPlan, case: Case, result: Result, *, exact: bool = False, check_vmadots: bool = True) -> Comparison:

@@ -176,7 +176,7 @@ def test_goals_text_reports_unmet_goals():
     text = ime2.goals_text(res)
     assert "decode  q/o      instructions 1.9" in text and "NOT met" in text.splitlines()[1]
     res_met = ime2.Ime2Result([_row("imegen", 0.1), _row(ime2.LLAMA_KIND, 1)])
-    assert ime2.goals_text(res_met).splitlines()[1].endswith(" met")
+    assert ime2.goals_text(res_met).splitlines()[1].endswith(" met  (int8 path)")
 
 
 def test_bench_csv_rows_fit_bench_csv():

@@ -195,6 +195,17 @@ class Target:
         """LMUL of the vector A quantizer's fp32 groups (templates/quantize_block.c.j2)."""
         return 8
 
+    def pack_factor(self, spec: KernelSpec) -> bool:
+        """Does packed B end with one fp32 factor the kernel multiplies its results by, which its micro template's
+        NAME_finish_pack(N, K, packed_b) writes after pack_b has packed every chunk (and may rework the chunks)?"""
+        return False
+
+    def a_row_finish(self, spec: KernelSpec) -> bool:
+        """Does the target's a_store_template define finish_row(q, scale, extra, kb), which quantize_rows calls on
+        each row once its codes (q: the row's first), fp32 scales and int32 code sums (extra) are in place, to
+        rework them into the form its kernel reads?"""
+        return False
+
     def lower(self, spec: KernelSpec, pack) -> object | None:
         """The target's part of the KernelPlan (stored in the field plan_part names), given the
         packed-B layout (plan.PackLayout)."""

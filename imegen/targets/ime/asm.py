@@ -58,6 +58,9 @@ class ImePlan:
     stage: tuple[AsmOp, ...] = ()
     stage_block_bytes: int = 0
     stage_index: tuple[int, ...] = ()
+    # A whole tile's asm statement that the target lays out itself (ime2's `.hp` gemv: super-blocks of blocks,
+    # then the rest), printed as it is; the fields above then only describe it (vmadots_per_tile_block, ...).
+    program: tuple[AsmOp, ...] = ()
     # The vmadot tile's geometry in the A workspace: k values per step and bytes per A tile (the K1's 4 rows
     # x 8 k; target ime2 fills its own, 8 rows x 16 k), which templates/prepare_a_int8.c.j2's qa_tile walks.
     k_step: int = 8

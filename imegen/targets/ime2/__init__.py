@@ -60,6 +60,12 @@ class Ime2Target(Target):
         """Rows templates/quantize_ime2.c.j2 quantizes together (quantize_tile_rows_to), 0 for one at a time."""
         return layout.a_group_rows(spec, gemm_zp_in_loop(spec))
 
+    def pack_factor(self, spec: KernelSpec) -> bool:
+        return bool(spec.hp_blocks)  # B's scales normalized by a power of two (micro_ime2.c.j2's finish_pack)
+
+    def a_row_finish(self, spec: KernelSpec) -> bool:
+        return bool(spec.hp_blocks)  # codes split into 4-bit rows, scales to FP16 (quantize_ime2.c.j2's finish_row)
+
     def lower(self, spec: KernelSpec, pack):
         return ime2_plan(spec, pack)
 
@@ -78,4 +84,5 @@ TARGET = Ime2Target(
     fallback_refusal="a fallback kernel runs where no IME hart is reachable, so its target must be rvv or scalar",
     # abi = mlas: MLAS's Q8 rows are staged into the tile layout vmadot reads (layout.a_index); a K3's X100 harts
     # have no IME2 (a vmadot there computes wrong numbers without trapping), so the dispatch routes its calls
-    mlas_a_layout="workspace", mlas_hart_routing=True)
+    mlas_a_layout="workspace", mlas_hart_routing=True,
+    options={"hp_blocks": rules.hp_refusal})

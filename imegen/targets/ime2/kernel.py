@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ...spec import KernelSpec
 from ..base import VECTOR_REGISTERS, default_zero_point
 from ..ime.asm import MAX_UNROLLED_ITERATIONS, AsmOp, ImePlan, acc_groups, zero_accumulators
-from .encoding import encode_vmadot, mnemonic
+from .encoding import encode_vmadot, encode_vmadot_hp, mnemonic
 from .rules import A_TILE_BYTES, K_STEP, SLIDES, a_registers, tiles
 
 # A signed int8 codes x B's raw unsigned codes (0..15 or 0..255): the fold subtracts zp * sum(a). A symmetric
@@ -225,6 +225,8 @@ def facc_at(spec: KernelSpec) -> str:
 
 def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
     """The asm statement of a (tile, block): pack is the kernel's packed-B layout (plan.PackLayout)."""
+    if spec.hp_blocks:
+        return hp_plan(spec)
     ma, na = tiles(spec)
     r = allocate(spec)
     iterations = spec.block // (K_STEP * spec.k_unroll)
@@ -617,3 +619,123 @@ def zp_tile_start(spec: KernelSpec) -> tuple[AsmOp, ...]:
             AsmOp("vle8", f"vl2re16.v v{G_IDX_COL}, (t1)", "lane -> column, columns 0-15"),
             AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
             AsmOp("vfmv", f"vfmv.v.f v{G_FACC}, ft1", "fp32 accumulators: +0.0f"))
+
+
+# --- gemv with block-scaled `.hp` vmadots (hp_blocks = S): FP16 accumulation per super-block of S blocks ------
+#
+# A's int8 codes c (MLAS CompInt8) are split into three signed 4-bit rows of the vmadot A tile: row 0 the high
+# nibbles (c >> 4), row 1 the low ones less 8 ((c & 15) - 8), row 4 all ones, so c = 16 row0 + row1 + 8 row4
+# exactly; B's codes are stored signed (q - 8: finish_pack). One `vmadot.hp ..., i4` per 8 columns and block
+# multiplies all three rows by the block's 32 k and adds each product, times the column's FP16 scale
+# s = sa x sb, into its FP16 accumulator: 4 vmadots per block where the int8 path needs 8, and no unpack. Every
+# S blocks the FP16 accumulators are widened into fp32 ones (vfwadd.wv) and zeroed; the tile end combines the
+# rows (16 r0 + r1 + 8 r4), compacts row 0's lanes and multiplies by A's row factor and B's factor (the scales
+# were normalized by them, powers of two, so that |s| <= 1 and no FP16 sum can overflow: |H| <= S x 2048).
+#
+# Registers: v0 the block's FP16 scales s (imm3 = tile: elements 8t..8t+7), v1 B's scales as loaded, v2 A (rows
+# 0-1 loaded per block; rows 4-7 the ones, set at the tile start and kept by the tail-undisturbed loads), v3 the
+# compaction mask, v4-v7 the FP16 accumulators (tile t in v(4 + t)), v8-v11 B (tile t in v(8 + t)), v16-v23
+# the fp32 accumulators (e32, LMUL 8: tile t's cell (r, j) at lane 64 t + 8 r + j), v24-v31 the tile end's sums.
+
+HP_SCALES, HP_B_SCALES, HP_A, HP_MASK, HP_ACC, HP_B, HP_FACC, HP_SUM = 0, 1, 2, 3, 4, 8, 16, 24
+HP_TILES = 4  # 32 columns: four 8-column vmadot tiles
+HP_ONES_ROW = 4  # the A tile's row of ones: rows 2-3 hold the next block's codes (a 64-byte load)
+HP_LOOP_VTYPE = "vsetvli t0, zero, e16, m1, tu, ma"  # .hp: LMUL 1, vl = VLMAX; tu keeps A's rows 4-7
+HP_SCALE_BASE = 28  # t3: the A scale pointer the flh words name (a fixed register: a .word cannot take an operand)
+
+
+def encode_flh(rd: int, rs1: int, offset: int) -> int:
+    """`flh f{rd}, offset(x{rs1})` (Zfh, which the A100 has: llama.cpp's IME2 kernels use it) as a word: the
+    kernels build with plain rv64gcv."""
+    return (offset & 0xFFF) << 20 | rs1 << 15 | 0b001 << 12 | rd << 7 | 0b0000111
+
+
+def encode_vfncvt_f_f_w(vd: int, vs2: int) -> int:
+    """`vfncvt.f.f.w vd, vs2` (unmasked; Zvfhmin) as a word, for the same reason."""
+    return 0b010010 << 26 | 1 << 25 | vs2 << 20 | 0b10100 << 15 | 0b001 << 12 | vd << 7 | 0b1010111
+
+
+def hp_block(j: int) -> tuple[AsmOp, ...]:
+    """Block j of a super-block, under HP_LOOP_VTYPE: %[b] at its chunk (64 bytes of fp16 scales, then 512 of
+    codes), %[a] at its 32 bytes of A (row 0 then row 1), t3 at the super-block's first A scale."""
+    ops = [AsmOp("vle16", f"vle16.v v{HP_B_SCALES}, (%[b])", "B's 32 fp16 scales (the 64 lanes read 64 more bytes, unused)"),
+           AsmOp("addi", "addi %[b], %[b], 64"),
+           AsmOp("vle8", f"vl4re8.v v{HP_B}, (%[b])", "B: 32 columns x 32 k, signed 4-bit"),
+           AsmOp("addi", "addi %[b], %[b], 512", "the next chunk"),
+           AsmOp("vle8", f"vle8.v v{HP_A}, (%[a])", "A rows 0-3 (64 bytes: rows 0-1 this block's); rows 4-7 kept"),
+           AsmOp("addi", "addi %[a], %[a], 32"),
+           AsmOp("flh", f".word 0x{encode_flh(0, HP_SCALE_BASE, 2 * j):08x}", f"flh ft0, {2 * j}(t3): the block's A scale"),
+           AsmOp("vfmul", f"vfmul.vf v{HP_SCALES}, v{HP_B_SCALES}, ft0", "s = sa x sb, FP16, per column")]
+    for t in range(HP_TILES):
+        word = encode_vmadot_hp(HP_ACC + t, HP_A, HP_B + t, scale=HP_SCALES, imm3=t, signedness="ss", dtype="i4")
+        ops.append(AsmOp("vmadot", f".word 0x{word:08x}",
+                         f"{mnemonic('ss', 'i4', form='hp')} v{HP_ACC + t}, v{HP_A}, v{HP_B + t}, v{HP_SCALES}, {t}"))
+    return tuple(ops)
+
+
+def hp_fold() -> tuple[AsmOp, ...]:
+    """A super-block's FP16 sums into the fp32 accumulators (each sum rounds once), and zeroed."""
+    return (AsmOp("vset", "vsetvli t0, zero, e16, m4, ta, ma", "the four FP16 accumulators"),
+            AsmOp("vfwadd", f"vfwadd.wv v{HP_FACC}, v{HP_FACC}, v{HP_ACC}", "fp32 += FP16"),
+            AsmOp("vmv", f"vmv.v.i v{HP_ACC}, 0", "FP16 accumulators = +0"),
+            AsmOp("vset", HP_LOOP_VTYPE))
+
+
+def hp_tile_start() -> tuple[AsmOp, ...]:
+    return (AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma"),
+            AsmOp("li", "li t1, 0x11"), AsmOp("vmv", f"vmv.v.x v{HP_A}, t1", f"A's row {HP_ONES_ROW} (and 5-7): ones"),
+            AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
+            AsmOp("vmv", f"vmv.v.i v{HP_FACC}, 0", "fp32 accumulators = +0"),
+            AsmOp("vset", "vsetvli t0, zero, e16, m4, ta, ma"),
+            AsmOp("vmv", f"vmv.v.i v{HP_ACC}, 0", "FP16 accumulators = +0"),
+            AsmOp("vset", HP_LOOP_VTYPE), AsmOp("mv", "mv t3, %[sa]", "the A scales (flh's base)"))
+
+
+def hp_tile_end() -> tuple[AsmOp, ...]:
+    """16 row0 + row1 + 8 row4 per cell (the codes' split undone; fp32, fused: 16 x and 8 x are exact), row 0's
+    lanes compacted into the row's 32 results, times B's factor, then A's (each a power of two), plus the
+    addend, stored."""
+    ones = 8 * HP_ONES_ROW
+    return (AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
+            AsmOp("vslide", f"vslidedown.vi v{HP_SUM}, v{HP_FACC}, 8", "row 1 (the low nibbles) under row 0"),
+            AsmOp("li", "li t1, 0x41800000"), AsmOp("fmv", "fmv.w.x ft1, t1", "16.0f"),
+            AsmOp("vfmacc", f"vfmacc.vf v{HP_SUM}, ft1, v{HP_FACC}", "+ 16 x row 0 (the high nibbles)"),
+            AsmOp("li", f"li t1, {ones}"),
+            AsmOp("vslide", f"vslidedown.vx v{HP_B}, v{HP_FACC}, t1", f"row {HP_ONES_ROW} (the ones: sum(w)) under row 0"),
+            AsmOp("li", "li t1, 0x41000000"), AsmOp("fmv", "fmv.w.x ft1, t1", "8.0f"),
+            AsmOp("vfmacc", f"vfmacc.vf v{HP_SUM}, ft1, v{HP_B}", "+ 8 x row 4: sum of c x w"),
+            AsmOp("vlm", f"vlm.v v{HP_MASK}, (%[mask])", "row 0 of each tile (compact_mask)"),
+            AsmOp("vcompress", f"vcompress.vm v{HP_B}, v{HP_SUM}, v{HP_MASK}", "the row's 32 sums, column by column"),
+            AsmOp("vset", "vsetvli t0, %[cols], e32, m1, ta, ma", "the tile's columns"),
+            AsmOp("flw", "flw ft0, 0(%[bf])", "B's factor"), AsmOp("vfmul", f"vfmul.vf v{HP_B}, v{HP_B}, ft0"),
+            AsmOp("flw", "flw ft0, 0(%[af])", "the row's A factor"), AsmOp("vfmul", f"vfmul.vf v{HP_B}, v{HP_B}, ft0"),
+            AsmOp("beqz", "beqz %[addend], 3f", "nothing to add"),
+            AsmOp("vle32", f"vle32.v v{HP_B + 1}, (%[addend])", "C (a later K chunk) or the bias"),
+            AsmOp("vfadd", f"vfadd.vv v{HP_B}, v{HP_B}, v{HP_B + 1}"),
+            AsmOp("label", "3:"),
+            AsmOp("vse32", f"vse32.v v{HP_B}, (%[c])", "the row's results"))
+
+
+def hp_program(S: int) -> tuple[AsmOp, ...]:
+    """The tile's asm: super-blocks of S blocks while t3 (the A scales) is short of %[sa_full], each folded, then
+    the remaining blocks one at a time until %[sa_end], folded once; then the tile end."""
+    def label(name: str) -> AsmOp:
+        return AsmOp("label", f"{name}:")
+    return (*hp_tile_start(),
+            AsmOp("beq", "beq t3, %[sa_full], 4f", "no whole super-block"), label("2"),
+            *(op for j in range(S) for op in hp_block(j)),
+            AsmOp("addi", f"addi t3, t3, {2 * S}", "the next super-block's A scales"), *hp_fold(),
+            AsmOp("bne", "bne t3, %[sa_full], 2b", "the next super-block"),
+            label("4"), AsmOp("beq", "beq t3, %[sa_end], 5f", "no blocks left"), label("1"), *hp_block(0),
+            AsmOp("addi", "addi t3, t3, 2"), AsmOp("bne", "bne t3, %[sa_end], 1b", "the next of the last blocks"),
+            *hp_fold(), label("5"), *hp_tile_end())
+
+
+def hp_plan(spec: KernelSpec) -> ImePlan:
+    """The `.hp` gemv: its whole asm statement (hp_program), which templates/micro_ime2.c.j2 prints."""
+    return ImePlan(program=hp_program(spec.hp_blocks), 
+        ma=1, na=HP_TILES, acc_regs=((HP_ACC,),), prologue=(), body=hp_block(0), iterations_per_block=1,
+        a_bytes_per_iteration=2 * K_STEP, b_stride=0, b_walk=0, clobbers=tuple(f"v{x}" for x in range(VECTOR_REGISTERS)),
+        vmadots_per_tile_block=HP_TILES, fold=hp_fold(), facc_floats=spec.tile_n, facc_at="j",
+        facc_regs=((HP_FACC,),), tile_start=hp_tile_start(), tile_end=hp_tile_end(),
+        index16=compact_mask(spec), k_step=K_STEP, a_tile_bytes=A_TILE_BYTES)

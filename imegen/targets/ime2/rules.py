@@ -37,6 +37,27 @@ def mlas_refusal(spec: KernelSpec) -> tuple[str, str] | None:
     return None
 
 
+# hp_blocks: the one shape its asm is written for (kernel.hp_plan): a row of 32 columns, four 8-column `.hp` tiles, one
+# 4-bit block of 32 k per `vmadot.hp ..., i4` (its A row holds 32 4-bit values), Q4_0's format (symmetric, fp16
+# scales ahead of each panel block).
+HP_SHAPE = {"op": "gemv", "tile_m": 1, "tile_n": 32, "panel": 32, "bits": 4, "block": 32, "zero_point": "symmetric",
+            "scale_type": "fp16", "scales": "inline", "unpack": "interleaved", "abi": "imegen"}
+
+
+def hp_refusal(spec: KernelSpec) -> str | None:
+    """Why `hp_blocks` cannot be set for spec (None: it can). A `.hp` vmadot multiplies 4-bit A by 4-bit B and scales
+    each block's products by an FP16 value per column into FP16 accumulators (docs/ime2-isa.md §10.8)."""
+    if spec.target != "ime2":
+        return "hp_blocks chooses IME2's block-scaled `.hp` vmadots; it needs target = ime2"
+    for key, want in HP_SHAPE.items():
+        if getattr(spec, key) != want:
+            shown = {"tile_m": "tile", "tile_n": "tile"}.get(key, key)
+            return (f"hp_blocks is generated for a gemv row of 32 columns in Q4_0's format (op = gemv, tile = 1x32, "
+                    f"panel = 32, bits = 4, block = 32, zero_point = symmetric, scale_type = fp16, scales = inline, "
+                    f"unpack = interleaved, abi = imegen); {shown} differs")
+    return None
+
+
 def serving_k_unroll(block: int) -> int:
     """Two 16-k steps per iteration (a 4-bit byte row holds two) where the block allows it, else one."""
     return 2 if block % (2 * K_STEP) == 0 else 1
@@ -82,5 +103,7 @@ def b_registers(spec: KernelSpec) -> int:
 
 def register_budget(spec: KernelSpec) -> dict[str, int]:
     """Vector registers the k loop keeps live, by class (the fold runs after the asm, on the stored int32 dots)."""
+    if spec.hp_blocks:  # kernel.hp_plan's map
+        return {"FP16 accumulators": 4, "fp32 accumulators": 8, "A": 1, "B tiles": 4, "scales": 2}
     ma, na = tiles(spec)
     return {"int32 accumulators": 2 * ma * na, "A tiles": a_registers(spec), "B tiles": b_registers(spec)}

@@ -1,0 +1,137 @@
+"""The `.hp` decode kernel (target ime2, hp_blocks = S): A's int8 codes split into 4-bit rows, B read signed,
+block-scaled vmadot.hp into FP16 sums folded every S blocks (docs/ime2-isa.md §10.8). Checked under QEMU at VLEN
+1024 with the IME2 emulator against the CompInt8 oracle within a bound from FP16's error model (verify.hp_bound);
+the bound is tight enough that a wrong fold coefficient fails; its words are the assemblers'; its refusals name the
+setting and the reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from imegen import toolchain
+from imegen import reference as ref
+from imegen.check import check_kernel, make_cases
+from imegen.errors import SpecError
+from imegen.ir import specs_from_text
+from imegen.plan import expected_vmadots, plan_kernel
+from imegen.targets.ime.asm import AsmOp
+from imegen.targets.ime2 import kernel
+from imegen.verify import FP16_U, build, compare, hp_bound, run_cases
+
+pytestmark = pytest.mark.skipif(bool(toolchain.missing_tools()), reason="needs the cross toolchains and qemu-riscv64")
+
+VLEN = 1024
+FILE = "hp.imegen"
+HP = ("op = gemv  tile = 1x32  panel = 32  k_unroll = 2  unpack = interleaved  scale_type = fp16  "
+      "zero_point = symmetric")
+
+
+def spec_of(settings: str):
+    return specs_from_text(f"kernel k {{ target = ime2  compute = int8  {settings} }}", FILE)[0]
+
+
+@pytest.mark.parametrize("S", [1, 2, 4])
+def test_hp_kernel_checks_at_vlen_1024_and_refuses_elsewhere(S):
+    rows = check_kernel(plan_kernel(spec_of(f"{HP}  hp_blocks = {S}")), FILE)
+    assert rows and all(r.ok for r in rows), [(r.compiler, r.vlen, r.message) for r in rows if not r.ok]
+    assert {r.vlen for r in rows if not r.refusal} == {str(VLEN)}
+    assert {r.compiler for r in rows} == {"clang", "gcc"}
+    assert all(r.vmadots > 0 for r in rows if not r.refusal)
+
+
+def test_four_vmadots_per_block_where_the_int8_path_needs_eight():
+    hp, int8 = plan_kernel(spec_of(f"{HP}  hp_blocks = 2")), plan_kernel(spec_of(HP))
+    assert expected_vmadots(hp, 1, 896, 896) * 2 == expected_vmadots(int8, 1, 896, 896) == 6272
+
+
+def _run(plan, shapes, seed=3):
+    cases = make_cases(plan, np.random.default_rng(seed), shapes, exact=False)
+    return cases, run_cases(build(plan, FILE), cases, vlen=VLEN)
+
+
+def test_results_lie_within_the_fp16_bound_and_near_it_only_where_fp16_rounds():
+    """Every element within hp_bound, and the bound is not vacuous: the worst error uses a fair part of it, and the
+    bound itself is a few FP16 units of the terms, not of the result's scale."""
+    plan = plan_kernel(spec_of(f"{HP}  hp_blocks = 2"))
+    cases, results = _run(plan, [(1, 96, 896), (3, 64, 4864), (1, 40, 100)])
+    used = []
+    for case, r in zip(cases, results):
+        cmp = compare(plan, case, r)
+        assert cmp.ok, cmp.message
+        Y, _ = ref.matmul_nbits_int8(case.A, dataclasses.replace(case.qw, scales=case.qw.scales.astype(np.float16).astype(np.float32)))
+        bound = hp_bound(dataclasses.replace(case, qw=dataclasses.replace(
+            case.qw, scales=case.qw.scales.astype(np.float16).astype(np.float32))), 2)
+        used.append(float((np.abs(r.C - Y) / bound).max()))
+    assert 0.01 < max(used) <= 1.0, used
+
+
+def test_a_wrong_fold_coefficient_fails_check(monkeypatch):
+    """The tile end weighs row 4 (the ones: 8 x sum(w)) by 8; weighing it by 4 must fail the bound."""
+    real = kernel.hp_tile_end
+
+    def wrong():
+        return tuple(AsmOp(op.kind, op.text.replace("0x41000000", "0x40800000"), op.comment) for op in real())
+
+    monkeypatch.setattr(kernel, "hp_tile_end", wrong)
+    rows = check_kernel(plan_kernel(spec_of(f"{HP}  hp_blocks = 2")), FILE)
+    failed = [r for r in rows if not r.ok and not r.refusal]
+    assert len(failed) == 2 and all("elements off" in r.message for r in failed)
+
+
+def test_a_nan_in_a_reaches_its_row_only():
+    plan = plan_kernel(spec_of(f"{HP}  hp_blocks = 2"))
+    [clean] = make_cases(plan, np.random.default_rng(2), [(3, 40, 2 * 32 + 7)], exact=False)
+    A = clean.A.copy()
+    A[2, 35] = np.nan
+    ok, bad = run_cases(build(plan, FILE), [clean, dataclasses.replace(clean, A=A)], vlen=VLEN)
+    assert compare(plan, clean, ok).ok
+    assert bad.status == 0 and np.isnan(bad.C[2]).all() and np.array_equal(bad.C[:2], ok.C[:2])
+
+
+def test_the_bound_is_fp16_sized():
+    """hp_bound is (S + 3) units of FP16 per term plus FP16's subnormal absolute error: for integer-valued data it is
+    a small multiple of u times the sum of |terms|."""
+    plan = plan_kernel(spec_of(f"{HP}  hp_blocks = 4"))
+    [case] = make_cases(plan, np.random.default_rng(5), [(2, 32, 256)], exact=False)
+    b = hp_bound(case, 4)
+    assert np.all(b > 0) and np.all(np.isfinite(b))
+    Y, acc = ref.matmul_nbits_int8(case.A, case.qw)
+    assert float(np.median(b / np.maximum(np.abs(Y), 1e-6))) < 100 * FP16_U
+
+
+ASSEMBLER = shutil.which("riscv64-linux-gnu-as")
+
+
+@pytest.mark.skipif(not ASSEMBLER, reason="needs riscv64-linux-gnu-as")
+@pytest.mark.parametrize("text, march, word", [
+    ("flh f0, 2(t3)", "rv64gc_zfh", kernel.encode_flh(0, kernel.HP_SCALE_BASE, 2)),
+    ("vfncvt.f.f.w v16, v8", "rv64gcv", kernel.encode_vfncvt_f_f_w(16, 8)),
+], ids=["flh", "vfncvt"])
+def test_words_are_the_assemblers(tmp_path, text, march, word):
+    src, obj = tmp_path / "w.s", tmp_path / "w.o"
+    src.write_text(text + "\n")
+    subprocess.run([ASSEMBLER, f"-march={march}", str(src), "-o", str(obj)], check=True)
+    dump = subprocess.run(["riscv64-linux-gnu-objdump", "-d", str(obj)], capture_output=True, text=True, check=True)
+    assert f"{word:08x}" in dump.stdout
+
+
+@pytest.mark.parametrize("settings, words", [
+    ("op = gemv  tile = 1x16  panel = 16  k_unroll = 2  unpack = interleaved  scale_type = fp16  hp_blocks = 2",
+     "tile differs"),
+    ("op = gemv  tile = 1x32  panel = 32  k_unroll = 2  unpack = interleaved  zero_point = asymmetric  hp_blocks = 2",
+     "zero_point differs"),
+    (f"{HP}  hp_blocks = 3", "must be one of"),
+])
+def test_refusals_name_the_setting_and_the_reason(settings, words):
+    with pytest.raises(SpecError, match=words):
+        spec_of(settings)
+
+
+def test_hp_blocks_needs_target_ime2():
+    with pytest.raises(SpecError, match="needs target = ime2"):
+        specs_from_text("kernel k { target = ime  compute = int8  op = gemv  tile = 1x16  hp_blocks = 2 }", FILE)
