@@ -201,9 +201,9 @@ class Target:
         return False
 
     def a_row_finish(self, spec: KernelSpec) -> bool:
-        """Does the target's a_store_template define finish_row(q, scale, extra, kb), which quantize_rows calls on
-        each row once its codes (q: the row's first), fp32 scales and int32 code sums (extra) are in place, to
-        rework them into the form its kernel reads?"""
+        """Does the target's a_store_template define finish_row(q, scale, extra, kb, whole), which quantize_rows calls
+        on each row once its codes (q: the row's first), fp32 scales and int32 code sums (extra) are in place, to
+        rework them into the form its kernel reads (its quantize_row_to may store its `whole` blocks so already)?"""
         return False
 
     def lower(self, spec: KernelSpec, pack) -> object | None:
