@@ -94,7 +94,8 @@ def test_llama_counts_see_every_ime2_word():
 # ---------------------------------------------------------------- imegen's IME2 kernels
 
 @NEEDS_TOOLS
-@pytest.mark.parametrize("name, M, N, K", [(ime2.DECODE_KERNEL, 1, 96, 256), (ime2.PREFILL_KERNEL, 35, 96, 256)])
+@pytest.mark.parametrize("name, M, N, K", [(ime2.DECODE_KERNEL, 1, 96, 256), (ime2.PREFILL_KERNEL, 35, 96, 256),
+                                         (ime2.HP_DECODE_KERNEL, 1, 96, 288)])
 def test_imegen_extrapolation_matches_a_direct_run(name, M, N, K):
     spec = next(s for s in load_spec(ime2.EXAMPLE) if s.name == name)
     plan = plan_kernel(spec)
@@ -197,3 +198,13 @@ def test_cli_error_is_one_line(tmp_path):
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "Traceback" not in proc.stderr
+
+
+@NEEDS_TOOLS
+def test_hp_rows_count_the_hp_vmadots_as_vmadots():
+    """The plugin files vmadot.hp words as scalar int; the bench moves the emulator's count of them to vmadot (else a
+    .hp kernel would be credited with 0 vmadots and 4 int instructions a block it did not execute)."""
+    spec = next(s for s in load_spec(ime2.EXAMPLE) if s.name == ime2.HP_DECODE_KERNEL)
+    plan = plan_kernel(spec)
+    [c] = ime2.run_samples(ime2.build_bench(plan), [(1, 64, 256)]).values()
+    assert c.matmul["kernel.vmadot"] == 2 * 8 * 4 == c.emulated_vmadots
