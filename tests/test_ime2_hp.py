@@ -135,3 +135,29 @@ def test_refusals_name_the_setting_and_the_reason(settings, words):
 def test_hp_blocks_needs_target_ime2():
     with pytest.raises(SpecError, match="needs target = ime2"):
         specs_from_text("kernel k { target = ime  compute = int8  op = gemv  tile = 1x16  hp_blocks = 2 }", FILE)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "outliers"])
+def test_the_kernel_computes_what_the_accuracy_study_models(kind):
+    """The kernel's results equal imegen.perf.hp_study's split3 model of its arithmetic to the bit (codes, FP16
+    steps, fp32 folds, normalizers): so the study's accuracy figures against ORT's tolerance are the kernel's."""
+    from imegen.perf import hp_study
+
+    plan = plan_kernel(spec_of(f"{HP}  hp_blocks = 2"))
+    rng = np.random.default_rng(11)
+    M, N, K = 3, 64, 896
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    if kind == "outliers":
+        A[:, rng.choice(K, 9, replace=False)] *= 60
+    W = (rng.standard_normal((K, N)) * 0.02).astype(np.float32)
+    qw = ref.quantize_weights(W, 4, 32, symmetric=True)
+    case = dataclasses.replace(make_cases(plan, rng, [(M, N, K)], exact=False)[0], A=A, qw=qw, bias=None,
+                               lda_pad=0, ldc_pad=0, slices=1)
+    [r] = run_cases(build(plan, FILE), [case], vlen=VLEN)
+    assert r.status == 0
+    codes, a_scale = ref.quantize_a_int8(A, 32)
+    q, _ = ref.unpack_codes(qw)  # [K, N]
+    d16 = np.clip(qw.scales, -65504, 65504).astype(np.float16)  # [N, kb], as the packer stores them
+    y, _ = hp_study.split3_path(codes.astype(np.int64).reshape(M, -1, 32), a_scale,
+                                q.T.reshape(N, -1, 32), d16, 2)
+    assert np.array_equal(r.C, y), float(np.abs(r.C - y).max())
