@@ -211,3 +211,66 @@ def test_qwen_shapes_on_the_k3_decode_the_same_tokens(tmp_path, capsys):
     assert len(set(check.generated[0])) > 1, check.generated  # tokens that move: the agreement says something
     assert check.stats["vmadots"] > 0 and check.stats["slices_fallback"] == 0 and not check.idle_decoder_ops
     assert {s.name for s in specs if check.stats.get(s.name, 0) > 0} == {s.name for s in specs if s.target == "ime2"}
+
+
+# --- --decode hp: the .hp gemv (hp_blocks) for decode --------------------------------------------------------
+
+def test_decode_hp_derives_the_hp_gemv_where_the_group_is_in_its_format():
+    """4-bit symmetric block 32 (Q4_0's format) decodes through the .hp gemv, its gemm unchanged; a group the .hp
+    gemv does not take (asymmetric, block 64) keeps the int8 gemv."""
+    board = acc.replace(acc.BOARDS["k3"], hp_decode=True)
+    needs = [NodeNeeds(4, 32, 4, False, False, N=896, K=896), NodeNeeds(4, 32, 4, True, False, N=128, K=896),
+             NodeNeeds(4, 64, 4, False, False, N=896, K=896)]
+    nodes = acc.for_board([acc.InspectedNode(f"n{i}", n) for i, n in enumerate(needs)], board, None)
+    d = acc.derive(nodes, board=board)
+    gemvs = {(s.zero_point, s.block): s for s in d.specs if s.target == "ime2" and s.op == "gemv"}
+    assert (gemvs[("symmetric", 32)].hp_blocks, gemvs[("symmetric", 32)].scale_type) == (2, "fp16")
+    assert gemvs[("asymmetric", 32)].hp_blocks == 0 == gemvs[("symmetric", 64)].hp_blocks
+    assert all(s.hp_blocks == 0 for s in d.specs if s.op == "gemm")
+    assert "block-scaled FP16 vmadots" in d.text
+
+
+def test_decode_hp_is_refused_where_it_means_nothing(tmp_path, capsys):
+    model = saved(chain(dict(N=64, K=64, level=4)), tmp_path)
+    assert main(["ort-accelerate", str(model), "-o", str(tmp_path / "a"), "--decode", "hp"]) == 2
+    assert "the SpacemiT K1's ime has no block-scaled FP16 vmadot" in capsys.readouterr().err
+    spec = tmp_path / "s.imegen"
+    spec.write_text(SPEC)
+    assert main(["ort-accelerate", str(model), "-o", str(tmp_path / "b"), "--target", "k3", "--decode", "hp",
+                 "--spec", str(spec)]) == 2
+    assert "with --spec the spec's are used" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (GENAI / "qwen2_tiny_int4_b32").is_dir(), reason="no committed onnxruntime-genai export")
+def test_a_genai_export_decodes_the_same_tokens_through_the_hp_gemv(tmp_path, capsys):
+    """onnxruntime-genai's own int4 export (symmetric, block 32) with --decode hp: 8 greedy tokens identical to stock
+    ORT's, every step within ORT's level-4 tolerance, decode on the .hp gemv (it ran), prefill on the int8 gemm."""
+    src = GENAI / "qwen2_tiny_int4_b32" / "model.onnx"
+    assert main(["ort-accelerate", str(src), "-o", str(tmp_path / "out"), "--target", "k3", "--flavour", "qemu",
+                 "--decode", "hp"]) == 0
+    specs = load_specs(tmp_path / "out" / "model.imegen")
+    hp = {s.name for s in specs if s.hp_blocks}
+    assert hp and all(s.op == "gemv" for s in specs if s.hp_blocks)
+    check = model_check(specs, src, spec_file="model.imegen", generate=8,
+                        attention=imegen.load_attention(tmp_path / "out" / "model.imegen"))
+    assert check.ok and check.tokens_agree and len(check.generated[0]) == 8, check.report()
+    assert all(check.stats.get(name, 0) > 0 for name in hp), check.stats
+    assert any(check.stats.get(s.name, 0) > 0 for s in specs if s.target == "ime2" and s.op == "gemm")
+
+
+def test_qwen_shapes_decode_the_same_tokens_through_the_hp_gemv(tmp_path, capsys):
+    """Qwen2.5-0.5B's widths with symmetric block-32 weights (genai's form) and --decode hp: down's K = 4864 is the
+    accuracy study's worst case. 8 greedy tokens identical to stock ORT's, every step within ORT's level-4
+    tolerance, every .hp gemv called, nothing on the fallback."""
+    model = tmp_path / "qwen.onnx"
+    assert main(["qwen-model", str(model), "--layers", "2", "--vocab", "2048", "--untied", "--symmetric"]) == 0
+    assert main(["ort-accelerate", str(model), "-o", str(tmp_path / "out"), "--target", "k3", "--flavour", "qemu",
+                 "--decode", "hp"]) == 0
+    capsys.readouterr()
+    specs = load_specs(tmp_path / "out" / "model.imegen")
+    hp = {s.name for s in specs if s.hp_blocks}
+    check = model_check(specs, model, spec_file="model.imegen", generate=8,
+                        attention=imegen.load_attention(tmp_path / "out" / "model.imegen"))
+    assert check.ok and check.tokens_agree, check.report()
+    assert len(set(check.generated[0])) > 1, check.generated
+    assert hp and all(check.stats.get(name, 0) > 0 for name in hp) and check.stats["slices_fallback"] == 0

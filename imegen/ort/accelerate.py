@@ -333,6 +333,7 @@ class Board:
     ime_target: str  # the DSL target of its IME kernels
     tuned: bool  # its IME configs come from the tuning table (else from its target's serving_settings)
     ime_vlen: int  # the VLEN of its IME harts (what model checks emulate)
+    hp_decode: bool = False  # --decode hp: groups the target's hp_decode_settings validate for decode through them
 
 
 BOARDS = {"k1": Board("k1", "SpacemiT K1", "ime", True, 256),
@@ -343,8 +344,14 @@ def target_config(board: Board, group: Group, op: str) -> Config | SpecError:
     validator's refusal when it has none."""
     from .. import targets
 
-    own = targets.get(board.ime_target).serving_settings(op, group.block)
-    settings = {"op": op, "target": board.ime_target, "compute": "int8", **own, **group.quantization()}
+    target = targets.get(board.ime_target)
+    settings = {"op": op, "target": board.ime_target, "compute": "int8", **target.serving_settings(op, group.block),
+                **group.quantization()}
+    if op == "gemv" and board.hp_decode:  # where the group is in the .hp gemv's format; else the int8 gemv
+        hp = {**settings, **target.hp_decode_settings()}
+        if not isinstance(_validate(hp), SpecError):
+            return Config(tuple(sorted(hp.items())), f"the {board.title}'s {board.ime_target} gemv with block-scaled "
+                          f"FP16 vmadots (--decode hp; B packed a second time, for the gemm), not tuned per shape")
     got = _validate(settings)
     if isinstance(got, SpecError):
         return got
@@ -601,6 +608,7 @@ class Options:
     target: str = "k1"
     ort_include: str | None = None
     decoder: bool = True  # also move the decoder's other nodes onto imegen's RVV operators (decoder_ops.py)
+    decode: str = "int8"  # hp: the K3's 4-bit symmetric block-32 nodes decode through the .hp gemv (Board.hp_decode)
 
 
 @dataclass(frozen=True)
@@ -652,9 +660,26 @@ def for_board(nodes: list[InspectedNode], board: Board, compute: str | None) -> 
             for n in nodes]
 
 
+def board_of(opts: Options) -> Board:
+    """The board --target names, with --decode hp where it takes it."""
+    from .. import targets
+
+    board = BOARDS[opts.target]
+    if opts.decode == "int8":
+        return board
+    if opts.spec is not None:
+        raise AccelerateError(f"--decode {opts.decode} chooses derived kernels; with --spec the spec's are used "
+                              "(give its gemv hp_blocks = 2 instead)")
+    if targets.get(board.ime_target).hp_decode_settings() is None:
+        raise AccelerateError(f"--decode {opts.decode}: the {board.title}'s {board.ime_target} has no block-scaled "
+                              f"FP16 vmadot (the K3's IME2 has: --target k3)")
+    return replace(board, hp_decode=True)
+
+
 def _checked_output(opts: Options) -> Path:
     if opts.target not in BOARDS:
         raise AccelerateError(f"--target {opts.target}: unknown board (expected {' or '.join(BOARDS)})")
+    board_of(opts)
     out = opts.out_dir
     if out.exists() and not out.is_dir():
         raise AccelerateError(f"-o {out}: exists and is not a folder")
@@ -690,7 +715,7 @@ def _kernels(opts: Options, nodes: list[InspectedNode], attention: bool = False
     spec also gets the tuned attention kernel (attention_block())."""
     if opts.spec is not None:
         return load_specs(opts.spec), opts.spec.read_text(), None
-    derived = derive(nodes, compute=opts.compute, model_name=opts.model.name, board=BOARDS[opts.target])
+    derived = derive(nodes, compute=opts.compute, model_name=opts.model.name, board=board_of(opts))
     text = derived.text + ("\n" + attention_block() if attention and derived.specs and opts.decoder else "")
     return derived.specs, text, derived.intended
 
@@ -732,7 +757,7 @@ def accelerate(opts: Options) -> Outcome:
     model = load_model(opts.model)
     out = _checked_output(opts)
     folded = fold_bias_adds(model, load_specs(opts.spec) if opts.spec else None)
-    nodes = for_board(inspect_model(model), BOARDS[opts.target], opts.compute) if opts.spec is None else \
+    nodes = for_board(inspect_model(model), board_of(opts), opts.compute) if opts.spec is None else \
         inspect_model(model)
     externals = [_own_location(loc, opts.model.parent) for loc in external_files(model)]
     specs, spec_text, intended = _kernels(opts, nodes, has_attention(model))
@@ -816,6 +841,11 @@ def add_parser(sub) -> None:
                    help="hardware (the board; default) or qemu (IME emulated; for QEMU only)")
     p.add_argument("--spec", metavar="SPEC",
                    help="use this spec's kernels instead of deriving them (e.g. an edited OUT_DIR/model.imegen)")
+    p.add_argument("--decode", choices=("int8", "hp"), default="int8",
+                   help="K3 only: hp decodes 4-bit symmetric block-32 nodes (Q4_0's format) through block-scaled "
+                        "FP16 vmadots, about half the instructions of int8 (default) and ORT's level-4 tolerance "
+                        "kept; those nodes' weights are then packed twice (prefill's copy and decode's), about "
+                        "45%% more weight memory")
     p.add_argument("--compute", choices=("fp32", "int8"), default=None,
                    help="default: by accuracy_level (4: int8 on IME; 0-3: fp32 on RVV). int8 runs every node on "
                         "IME (changes levels 0-3's numerics to ORT's level-4 tolerance); fp32 every node on RVV fp32")
@@ -830,7 +860,7 @@ def run_command(args) -> int:
     from .customop import CustomOpError
 
     opts = Options(Path(args.model), Path(args.output), Path(args.spec) if args.spec else None, args.flavour,
-                   args.compute, args.target, args.ort_include, not args.matmul_only)
+                   args.compute, args.target, args.ort_include, not args.matmul_only, args.decode)
     try:
         outcome = accelerate(opts)
     except (AccelerateError, CustomOpError) as e:

@@ -143,6 +143,11 @@ class Target:
         (None: it has none; ort-accelerate then needs a tuning table for the board)."""
         return None
 
+    def hp_decode_settings(self) -> dict[str, object] | None:
+        """Settings that turn the target's serving gemv into one with block-scaled FP16 vmadots (ort-accelerate
+        --decode hp), for the groups they validate for; None: the target has none."""
+        return None
+
     # --- attention kernels (ir.build_attention, render.render_attention) ---
 
     def validate_attention(self, spec, refuse: Refuse):

@@ -28,6 +28,9 @@ class Ime2Target(Target):
     def serving_settings(self, op: str, block: int) -> dict[str, object]:
         return {**rules.SERVING[op], "k_unroll": rules.serving_k_unroll(block)}
 
+    def hp_decode_settings(self) -> dict[str, object]:
+        return dict(rules.HP_SERVING)
+
     def accepts_vlen(self, spec: KernelSpec, vlen: int) -> bool:
         return vlen == rules.IME2_VLEN
 

@@ -44,6 +44,11 @@ HP_SHAPE = {"op": "gemv", "tile_m": 1, "tile_n": 32, "panel": 32, "bits": 4, "bl
             "scale_type": "fp16", "scales": "inline", "unpack": "interleaved", "abi": "imegen"}
 
 
+# ort-accelerate --decode hp: the serving gemv with these settings (examples/ime2_k3.imegen's q40_decode_hp_k3):
+# FP16 sums per 2 blocks, which keep ORT's level-4 tolerance with a 3x margin at every Qwen2.5-0.5B shape.
+HP_SERVING = {"scale_type": "fp16", "hp_blocks": 2}
+
+
 def hp_refusal(spec: KernelSpec) -> str | None:
     """Why `hp_blocks` cannot be set for spec (None: it can). A `.hp` vmadot multiplies 4-bit A by 4-bit B and scales
     each block's products by an FP16 value per column into FP16 accumulators (docs/ime2-isa.md §10.8)."""
