@@ -39,6 +39,7 @@ _CHOICES: dict[str, tuple[str, object]] = {
     "spread": ("spread", ("group", "per_register")),
     "a_scale_type": ("a_scale_type", ("fp32", "fp16")),
     "hp_blocks": ("hp_blocks", (0, 1, 2, 4, 8)),
+    "b_pack": ("b_pack", ("plain", "hp")),
     "shapes": ("shapes", list),  # NxK weight shapes, comma-separated; each dimension in DIM_RANGE
     "min_rows": ("min_rows", "rows"),  # in ROWS_RANGE
     "fallback": ("fallback", ("yes", "no")),
@@ -133,7 +134,7 @@ def register_budget(spec: KernelSpec) -> dict[str, int]:
 
 
 # DSL settings whose non-default values only some target offers (Target.options), in the order checked.
-_TARGET_OPTIONS = ("stage_b", "spread", "a_scale_type", "hp_blocks")
+_TARGET_OPTIONS = ("stage_b", "spread", "a_scale_type", "hp_blocks", "b_pack")
 _DEFAULTS = {f.name: f.default for f in fields(KernelSpec)}
 
 

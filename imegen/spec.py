@@ -31,6 +31,7 @@ class KernelSpec:
     spread: str = "group"  # the fold spreads scales over the accumulator lanes by one vrgather per LMUL-4 group | per register (spread_refusal)
     a_scale_type: str = "fp32"  # A's block scales: fp32 (MLAS CompInt8) | fp16, rounded up, A quantized with it (a_fp16_refusal)
     hp_blocks: int = 0  # ime2 gemv: 0, or blocks per FP16 super-block of block-scaled `.hp` vmadots (hp_refusal)
+    b_pack: str = "plain"  # ime2: plain | hp, B packed for the .hp gemv (signed codes, scales / D), read by its gemm too
     # Routing in the custom-op library (the generated code does not depend on these): the weight shapes
     # (N, K) the kernel was chosen for (empty: any), the fewest rows a gemm kernel is chosen for, and
     # whether it only runs slices whose thread cannot reach an IME hart.
@@ -51,6 +52,7 @@ class KernelSpec:
             + (f" spread={self.spread}" if self.spread != "group" else "")
             + (f" a_scale_type={self.a_scale_type}" if self.a_scale_type != "fp32" else "")
             + (f" hp_blocks={self.hp_blocks}" if self.hp_blocks else "")
+            + (f" b_pack={self.b_pack}" if self.b_pack != "plain" else "")
             + self.describe_routing()
         )
 

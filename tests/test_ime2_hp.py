@@ -161,3 +161,50 @@ def test_the_kernel_computes_what_the_accuracy_study_models(kind):
     y, _ = hp_study.split3_path(codes.astype(np.int64).reshape(M, -1, 32), a_scale,
                                 q.T.reshape(N, -1, 32), d16, 2)
     assert np.array_equal(r.C, y), float(np.abs(r.C - y).max())
+
+
+HP_GEMM = "op = gemm  tile = 8x32  panel = 32  k_unroll = 2  unpack = interleaved  scale_type = fp16  b_pack = hp"
+
+
+@pytest.mark.parametrize("bias", ["no", "yes"])
+def test_the_gemm_reading_the_hp_packing_checks(bias):
+    """b_pack = hp: the in-register 8x32 gemm reads B as the .hp gemv packs it (signed codes, FP16 scales / D) and is
+    exact on exactly representable data, as the plain gemm is."""
+    rows = check_kernel(plan_kernel(spec_of(f"{HP_GEMM}  bias = {bias}")), FILE)
+    assert rows and all(r.ok for r in rows), [(r.compiler, r.vlen, r.message) for r in rows if not r.ok]
+    assert {r.compiler for r in rows} == {"clang", "gcc"}
+
+
+def test_scales_far_below_the_largest_round_as_the_packing_says():
+    """Column scales 2^20 apart, all FP16-normal: the small ones fall below FP16's normal range once divided by D and
+    round; the oracle (hp_packed_scales) holds both kernels to that, and an oracle without it would not match."""
+    rng = np.random.default_rng(4)
+    for settings in (HP_GEMM, f"{HP}  hp_blocks = 2"):
+        plan = plan_kernel(spec_of(settings))
+        M = 9 if plan.spec.op == "gemm" else 1
+        [case] = make_cases(plan, rng, [(M, 64, 256)], exact=False)
+        scales = case.qw.scales.copy()
+        scales[32:] *= 2.0 ** 20  # columns 32-63 ~1e3 (D = 2^10 or 2^11), 0-31 ~1e-3: divided by D, subnormal in FP16
+        case = dataclasses.replace(case, qw=dataclasses.replace(case.qw, scales=scales), bias=None)
+        [r] = run_cases(build(plan, FILE), [case], vlen=VLEN)
+        assert compare(plan, case, r).ok, (settings, compare(plan, case, r).message)
+
+
+def test_a_node_decodes_and_prefills_from_one_packed_copy():
+    """The .hp gemv and the b_pack = hp gemm pack B alike: the custom-op library keeps one copy for both."""
+    from imegen.ort.customop import packing
+
+    gemv, gemm = plan_kernel(spec_of(f"{HP}  hp_blocks = 2")), plan_kernel(spec_of(HP_GEMM))
+    assert packing(gemv) == packing(gemm)
+    assert packing(gemm) != packing(plan_kernel(spec_of(HP_GEMM.replace("  b_pack = hp", ""))))
+
+
+@pytest.mark.parametrize("settings, words", [
+    (f"{HP_GEMM}  tile = 16x32", "set twice"),
+    ("op = gemm  tile = 16x32  panel = 32  k_unroll = 2  unpack = interleaved  scale_type = fp16  b_pack = hp",
+     "tile differs"),
+    (f"{HP}  b_pack = hp", "set hp_blocks"),
+])
+def test_b_pack_refusals(settings, words):
+    with pytest.raises(SpecError, match=words):
+        spec_of(settings)

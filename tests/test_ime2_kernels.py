@@ -90,7 +90,7 @@ def test_the_example_spec_checks(capsys):
     code = main(["check", "examples/ime2_k3.imegen"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert out.count("PASS") == 5 * 2 * 4 and "FAIL" not in out  # 5 kernels x 2 compilers x (1024 + 3 refusals)
+    assert out.count("PASS") == 6 * 2 * 4 and "FAIL" not in out  # 6 kernels x 2 compilers x (1024 + 3 refusals)
     assert {line.split()[1] for line in out.splitlines() if "PASS" in line} == {"ime2"}
 
 

@@ -216,9 +216,14 @@ def test_qwen_shapes_on_the_k3_decode_the_same_tokens(tmp_path, capsys):
 # --- --decode hp: the .hp gemv (hp_blocks) for decode --------------------------------------------------------
 
 def test_decode_hp_derives_the_hp_gemv_where_the_group_is_in_its_format():
-    """4-bit symmetric block 32 (Q4_0's format) decodes through the .hp gemv, its gemm unchanged; a group the .hp
-    gemv does not take (asymmetric, block 64) keeps the int8 gemv."""
-    board = acc.replace(acc.BOARDS["k3"], hp_decode=True)
+    """By default on the K3, 4-bit symmetric block 32 (Q4_0's format) decodes through the .hp gemv and prefills on
+    the gemm reading the same packed B; a group the .hp gemv does not take (asymmetric, block 64) keeps the int8
+    gemv and gemm; --decode int8 keeps them everywhere."""
+    from imegen.ort.customop import packing
+    from imegen.plan import plan_kernel
+
+    board = acc.BOARDS["k3"]
+    assert board.hp_decode  # the K3's default
     needs = [NodeNeeds(4, 32, 4, False, False, N=896, K=896), NodeNeeds(4, 32, 4, True, False, N=128, K=896),
              NodeNeeds(4, 64, 4, False, False, N=896, K=896)]
     nodes = acc.for_board([acc.InspectedNode(f"n{i}", n) for i, n in enumerate(needs)], board, None)
@@ -226,8 +231,14 @@ def test_decode_hp_derives_the_hp_gemv_where_the_group_is_in_its_format():
     gemvs = {(s.zero_point, s.block): s for s in d.specs if s.target == "ime2" and s.op == "gemv"}
     assert (gemvs[("symmetric", 32)].hp_blocks, gemvs[("symmetric", 32)].scale_type) == (2, "fp16")
     assert gemvs[("asymmetric", 32)].hp_blocks == 0 == gemvs[("symmetric", 64)].hp_blocks
-    assert all(s.hp_blocks == 0 for s in d.specs if s.op == "gemm")
+    gemms = {(s.zero_point, s.block): s for s in d.specs if s.target == "ime2" and s.op == "gemm"}
+    assert gemms[("symmetric", 32)].b_pack == "hp" and gemms[("symmetric", 32)].hp_blocks == 0
+    assert gemms[("asymmetric", 32)].b_pack == "plain" == gemms[("symmetric", 64)].b_pack
+    for group in gemvs:  # one packed copy of B per node: its gemv and gemm pack alike
+        assert packing(plan_kernel(gemvs[group])) == packing(plan_kernel(gemms[group]))
     assert "block-scaled FP16 vmadots" in d.text
+    plain = acc.derive(nodes, board=acc.replace(board, hp_decode=False))  # --decode int8
+    assert not any(s.hp_blocks or s.b_pack == "hp" for s in plain.specs)
 
 
 def test_decode_hp_is_refused_where_it_means_nothing(tmp_path, capsys):
@@ -274,3 +285,15 @@ def test_qwen_shapes_decode_the_same_tokens_through_the_hp_gemv(tmp_path, capsys
     assert check.ok and check.tokens_agree, check.report()
     assert len(set(check.generated[0])) > 1, check.generated
     assert hp and all(check.stats.get(name, 0) > 0 for name in hp) and check.stats["slices_fallback"] == 0
+
+
+def test_k3_hp_configs_are_the_example_spec_imegen_check_passes():
+    """--decode hp's pair, on a Q4_0-format group, is examples/ime2_k3.imegen's q40_decode_hp_k3 and q40_prefill_hp_k3
+    (test_ime2_kernels checks them)."""
+    example = {s.name: s for s in load_specs(ROOT / "examples" / "ime2_k3.imegen")}
+    board = acc.BOARDS["k3"]
+    group = acc.Group.of(NodeNeeds(4, 32, 4, False, False, N=896, K=896))
+    keys = ("op", "tile_m", "tile_n", "panel", "k_unroll", "unpack", "scale_type", "hp_blocks", "b_pack", "zero_point")
+    for op, name in (("gemv", "q40_decode_hp_k3"), ("gemm", "q40_prefill_hp_k3")):
+        derived = acc._validate(dict(acc.target_config(board, group, op).settings))
+        assert {k: getattr(derived, k) for k in keys} == {k: getattr(example[name], k) for k in keys}

@@ -333,11 +333,11 @@ class Board:
     ime_target: str  # the DSL target of its IME kernels
     tuned: bool  # its IME configs come from the tuning table (else from its target's serving_settings)
     ime_vlen: int  # the VLEN of its IME harts (what model checks emulate)
-    hp_decode: bool = False  # --decode hp: groups the target's hp_decode_settings validate for decode through them
+    hp_decode: bool = False  # groups in the .hp gemv's format decode through it (the K3's default; --decode int8: not)
 
 
 BOARDS = {"k1": Board("k1", "SpacemiT K1", "ime", True, 256),
-          "k3": Board("k3", "SpacemiT K3", "ime2", False, 1024)}
+          "k3": Board("k3", "SpacemiT K3", "ime2", False, 1024, hp_decode=True)}
 
 def target_config(board: Board, group: Group, op: str) -> Config | SpecError:
     """The board's IME target's own kernel for op (Target.serving_settings) with the group's quantization; the
@@ -347,15 +347,21 @@ def target_config(board: Board, group: Group, op: str) -> Config | SpecError:
     target = targets.get(board.ime_target)
     settings = {"op": op, "target": board.ime_target, "compute": "int8", **target.serving_settings(op, group.block),
                 **group.quantization()}
-    if op == "gemv" and board.hp_decode:  # where the group is in the .hp gemv's format; else the int8 gemv
-        hp = {**settings, **target.hp_decode_settings()}
-        if not isinstance(_validate(hp), SpecError):
-            return Config(tuple(sorted(hp.items())), f"the {board.title}'s {board.ime_target} gemv with block-scaled "
-                          f"FP16 vmadots (--decode hp; B packed a second time, for the gemm), not tuned per shape")
+    if board.hp_decode and hp_decodes(target, settings):  # the group is in the .hp gemv's format
+        hp = {**settings, **target.hp_decode_settings(op)}
+        what = "gemv with block-scaled FP16 vmadots" if op == "gemv" else "gemm reading the .hp gemv's packed B"
+        return Config(tuple(sorted(hp.items())), f"the {board.title}'s {board.ime_target} {what} (--decode hp), not "
+                      f"tuned per shape")
     got = _validate(settings)
     if isinstance(got, SpecError):
         return got
     return Config(tuple(sorted(settings.items())), f"the {board.title}'s {board.ime_target} {op}, not tuned per shape")
+
+
+def hp_decodes(target, settings: dict[str, object]) -> bool:
+    """Do both the .hp gemv and the gemm reading its packed B take the group `settings` (one op's) belongs to?"""
+    return all(not isinstance(_validate({**settings, **target.serving_settings(op, settings["block"]), "op": op,
+                                          **target.hp_decode_settings(op)}), SpecError) for op in ("gemv", "gemm"))
 
 
 def board_refusal(board: Board, need: NodeNeeds, compute: str | None) -> str:
@@ -608,7 +614,7 @@ class Options:
     target: str = "k1"
     ort_include: str | None = None
     decoder: bool = True  # also move the decoder's other nodes onto imegen's RVV operators (decoder_ops.py)
-    decode: str = "int8"  # hp: the K3's 4-bit symmetric block-32 nodes decode through the .hp gemv (Board.hp_decode)
+    decode: str | None = None  # int8 | hp (Board.hp_decode); None: the board's default
 
 
 @dataclass(frozen=True)
@@ -665,15 +671,13 @@ def board_of(opts: Options) -> Board:
     from .. import targets
 
     board = BOARDS[opts.target]
-    if opts.decode == "int8":
-        return board
-    if opts.spec is not None:
-        raise AccelerateError(f"--decode {opts.decode} chooses derived kernels; with --spec the spec's are used "
-                              "(give its gemv hp_blocks = 2 instead)")
-    if targets.get(board.ime_target).hp_decode_settings() is None:
+    has_hp = targets.get(board.ime_target).hp_decode_settings("gemv") is not None
+    if opts.decode is not None and opts.spec is not None:
+        raise AccelerateError(f"--decode {opts.decode} chooses derived kernels; with --spec the spec's are used")
+    if opts.decode == "hp" and not has_hp:
         raise AccelerateError(f"--decode {opts.decode}: the {board.title}'s {board.ime_target} has no block-scaled "
                               f"FP16 vmadot (the K3's IME2 has: --target k3)")
-    return replace(board, hp_decode=True)
+    return replace(board, hp_decode=False) if opts.decode == "int8" else board
 
 
 def _checked_output(opts: Options) -> Path:
@@ -841,11 +845,11 @@ def add_parser(sub) -> None:
                    help="hardware (the board; default) or qemu (IME emulated; for QEMU only)")
     p.add_argument("--spec", metavar="SPEC",
                    help="use this spec's kernels instead of deriving them (e.g. an edited OUT_DIR/model.imegen)")
-    p.add_argument("--decode", choices=("int8", "hp"), default="int8",
-                   help="K3 only: hp decodes 4-bit symmetric block-32 nodes (Q4_0's format) through block-scaled "
-                        "FP16 vmadots, about half the instructions of int8 (default) and ORT's level-4 tolerance "
-                        "kept; those nodes' weights are then packed twice (prefill's copy and decode's), about "
-                        "45%% more weight memory")
+    p.add_argument("--decode", choices=("int8", "hp"), default=None,
+                   help="K3: 4-bit symmetric block-32 nodes (Q4_0's format: onnxruntime-genai's int4 export) decode "
+                        "through block-scaled FP16 vmadots (hp, the K3's default: about half the instructions of "
+                        "the int8 gemv, ORT's level-4 tolerance kept), prefill on the int8 gemm reading the same "
+                        "packed weights (FP16 scales); int8: the int8 gemv and gemm with ORT's fp32 scales")
     p.add_argument("--compute", choices=("fp32", "int8"), default=None,
                    help="default: by accuracy_level (4: int8 on IME; 0-3: fp32 on RVV). int8 runs every node on "
                         "IME (changes levels 0-3's numerics to ORT's level-4 tolerance); fp32 every node on RVV fp32")

@@ -143,9 +143,10 @@ class Target:
         (None: it has none; ort-accelerate then needs a tuning table for the board)."""
         return None
 
-    def hp_decode_settings(self) -> dict[str, object] | None:
-        """Settings that turn the target's serving gemv into one with block-scaled FP16 vmadots (ort-accelerate
-        --decode hp), for the groups they validate for; None: the target has none."""
+    def hp_decode_settings(self, op: str) -> dict[str, object] | None:
+        """Settings that turn the target's serving gemv (op) into one with block-scaled FP16 vmadots and its gemm
+        into one reading the same packed B (ort-accelerate --decode hp), for the groups they validate for; None:
+        the target has none."""
         return None
 
     # --- attention kernels (ir.build_attention, render.render_attention) ---

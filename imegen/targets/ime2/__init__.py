@@ -20,7 +20,8 @@ class Ime2Target(Target):
 
     def validate(self, spec: KernelSpec, refuse: Refuse) -> KernelSpec:
         rules.validate(spec, refuse)
-        return replace(spec, vlen=rules.IME2_VLEN)
+        # the .hp gemv reads B packed its own way (b_pack = hp), which a gemm can read too
+        return replace(spec, vlen=rules.IME2_VLEN, b_pack="hp" if spec.hp_blocks else spec.b_pack)
 
     def register_budget(self, spec: KernelSpec) -> dict[str, int]:
         return rules.register_budget(spec)
@@ -28,8 +29,8 @@ class Ime2Target(Target):
     def serving_settings(self, op: str, block: int) -> dict[str, object]:
         return {**rules.SERVING[op], "k_unroll": rules.serving_k_unroll(block)}
 
-    def hp_decode_settings(self) -> dict[str, object]:
-        return dict(rules.HP_SERVING)
+    def hp_decode_settings(self, op: str) -> dict[str, object]:
+        return dict(rules.HP_SERVING[op])
 
     def accepts_vlen(self, spec: KernelSpec, vlen: int) -> bool:
         return vlen == rules.IME2_VLEN
@@ -64,7 +65,7 @@ class Ime2Target(Target):
         return layout.a_group_rows(spec, gemm_zp_in_loop(spec))
 
     def pack_factor(self, spec: KernelSpec) -> bool:
-        return bool(spec.hp_blocks)  # B's scales normalized by a power of two (micro_ime2.c.j2's finish_pack)
+        return spec.b_pack == "hp"  # codes signed, scales normalized by a power of two (micro_ime2.c.j2's finish_pack)
 
     def a_row_finish(self, spec: KernelSpec) -> bool:
         return bool(spec.hp_blocks)  # codes split into 4-bit rows, scales to FP16 (quantize_ime2.c.j2's finish_row)
@@ -88,4 +89,4 @@ TARGET = Ime2Target(
     # abi = mlas: MLAS's Q8 rows are staged into the tile layout vmadot reads (layout.a_index); a K3's X100 harts
     # have no IME2 (a vmadot there computes wrong numbers without trapping), so the dispatch routes its calls
     mlas_a_layout="workspace", mlas_hart_routing=True,
-    options={"hp_blocks": rules.hp_refusal})
+    options={"hp_blocks": rules.hp_refusal, "b_pack": rules.b_pack_refusal})

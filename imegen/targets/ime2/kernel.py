@@ -236,7 +236,7 @@ def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
     g = gemv_fold_registers(spec)
     if gemm_zp_in_loop(spec):  # B's zero points off in the k loop; its one iteration leaves B's pointer alone
         in_regs = dict(facc_regs=((G_FACC,),), tile_start=zp_tile_start(spec), acc_zero=zp_block_zero(),
-                       fold=zp_free_fold(), block_end=gemm_block_end(spec, pack, 0), tile_end=gemm_tile_end(),
+                       fold=zp_free_fold(spec), block_end=gemm_block_end(spec, pack, 0), tile_end=gemm_tile_end(spec),
                        index16=zp_lane_tables(), clobbers=tuple(f"v{x}" for x in range(VECTOR_REGISTERS)))
         body = zp_loop_body(spec, default_zero_point(spec))
     elif gemm_fold_in_registers(spec):
@@ -423,8 +423,8 @@ def gemm_fold_in_registers(spec: KernelSpec) -> bool:
     """Does the gemm get the in-register fold: an 8x32 tile (its 16 accumulator registers, int32 and fp32,
     leave room for the k loop only there), fp32 scales ahead of each chunk (the fold loads 128 bytes from the
     B scales and zero points: inside the chunk), a k loop within v16-v27."""
-    if not (spec.tile_m != 1 and (spec.tile_m, spec.tile_n) == GEMM_FOLD_TILE and spec.scale_type == "fp32"
-            and spec.scales == "inline"):
+    scales_ok = spec.scale_type == "fp32" or spec.b_pack == "hp"  # b_pack = hp: fp16 scales, widened in the fold
+    if not (spec.tile_m != 1 and (spec.tile_m, spec.tile_n) == GEMM_FOLD_TILE and scales_ok and spec.scales == "inline"):
         return False
     r = allocate(spec, reserve=8)
     k_loop = {*(x for row in r.a for x in (row if isinstance(row, list) else [row])),
@@ -510,11 +510,18 @@ def gemm_tile_start(zp_default: int) -> tuple[AsmOp, ...]:
             AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma", "gemm_block_zero's vtype"))
 
 
-def gemm_tile_end() -> tuple[AsmOp, ...]:
+def gemm_tile_end(spec: KernelSpec | None = None) -> tuple[AsmOp, ...]:
     """The fp32 accumulators in row-major order (one gather at LMUL 8: row r in v(16 + r)), then row by row, cols
     of them: plus %[addend]'s row (C's, a later K chunk; the bias, the first; %[astride] bytes apart) when there
-    is one, stored to C's row, until %[rows] rows are."""
-    ops = [AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
+    is one, stored to C's row, until %[rows] rows are. b_pack = hp: first times D / 16 (B's factor, and its codes
+    were read as 16 (q - 8): hp_unpack), a power of two."""
+    unscale = ((AsmOp("flw", "flw ft1, 0(%[bf])", "B's factor D (finish_pack)"),
+                AsmOp("lui", "lui t1, 0x3d800", "1/16 as fp32"), AsmOp("fmv", "fmv.w.x ft2, t1"),
+                AsmOp("fmul", "fmul.s ft1, ft1, ft2", "D / 16: exact"),
+                AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
+                AsmOp("vfmul", f"vfmul.vf v{G_FACC}, v{G_FACC}, ft1"))
+               if spec is not None and spec.b_pack == "hp" else ())
+    ops = [*unscale, AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
            AsmOp("addi", f"addi t1, %[idx], {6 * HALF_LANES}"),
            AsmOp("vle8", f"vl4re16.v v{G_PERM}, (t1)", "row-major order"),
            AsmOp("vgather", f"vrgatherei16.vv v16, v{G_FACC}, v{G_PERM}"),
@@ -569,13 +576,23 @@ def zp_loop_body(spec: KernelSpec, zp_default: int) -> tuple[AsmOp, ...]:
         ops += [AsmOp("vle8", f"vl1re8.v {raw}, (%[zp])", "B's zero points, 32 columns"),
                 AsmOp("vle8", f"vl4re8.v {low}, (t2)", "lane -> column (ZP_SPREAD_AT)"),
                 AsmOp("vgather", f"vrgather.vv v{Z_ZP}, {raw}, {low}", "each column's zero point over its 16 bytes")]
+    if spec.b_pack == "hp":  # codes stored signed (finish_pack): 16 (q - 8) in each byte, no zero point left
+        return (*ops, AsmOp("vle8", f"vl4re8.v {raw}, (%[b])", "B cols 0..31, the block's 32 k, signed"),
+                AsmOp("vsll", f"vsll.vi {low}, {raw}, 4", "16 (q - 8) of the low nibbles: the first 16-k step"),
+                AsmOp("vand", f"vand.vi {raw}, {raw}, -16", "16 (q - 8) of the high nibbles: the second"),
+                *_zp_vmadots(spec))
     ops += [AsmOp("vle8", f"vl4re8.v {raw}, (%[b])", "B cols 0..31, the block's 32 k"), *_unpack(spec, Z_LOW, Z_RAW)]
     if spec.zero_point == "asymmetric":
         ops += [AsmOp("vsub", f"vsub.vv {low}, {low}, v{Z_ZP}", "- zp: -15..15"), AsmOp("vsub", f"vsub.vv {raw}, {raw}, v{Z_ZP}")]
     else:
         ops += [AsmOp("vadd", f"vadd.vi {x}, {x}, {-zp_default}", f"- {zp_default}") for x in (low, raw)]
-    ops += [AsmOp("vle8", f"vl2re8.v v{Z_A}, (%[a])", "A: k-steps 0 and 1"),
-            AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma", "vmadot: LMUL 1")]
+    return (*ops, *_zp_vmadots(spec))
+
+
+def _zp_vmadots(spec: KernelSpec) -> tuple[AsmOp, ...]:
+    """A's two k-steps, then the 8 vmadots (signed x signed) at LMUL 1, and A's pointer to the next block."""
+    ops = [AsmOp("vle8", f"vl2re8.v v{Z_A}, (%[a])", "A: k-steps 0 and 1"),
+           AsmOp("vset", "vsetvli t0, zero, e8, m1, ta, ma", "vmadot: LMUL 1")]
     for k, first_b in enumerate((Z_LOW, Z_RAW)):
         for ni in range(GEMM_FOLD_TILE[1] // 8):
             word = encode_vmadot(2 * ni, Z_A + k, first_b + ni, signedness="ss")
@@ -583,21 +600,30 @@ def zp_loop_body(spec: KernelSpec, zp_default: int) -> tuple[AsmOp, ...]:
     return (*ops, *_add_imm("%[a]", a_step(spec)))
 
 
-def zp_free_fold() -> tuple[AsmOp, ...]:
+def zp_free_fold(spec: KernelSpec | None = None) -> tuple[AsmOp, ...]:
     """gemm_fold without the zero-point term: the dots to fp32 (exact), times a_scale x b_scale into the fp32
     accumulators; B's scales of columns 16-31 loaded from 64 bytes on (inside the chunk: its zero points and
-    codes follow), so that one lane -> column table serves both halves."""
+    codes follow), so that one lane -> column table serves both halves. b_pack = hp: each half's 16 fp16 scales
+    (32 bytes apart) loaded and widened (exact)."""
     m4 = AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma", "a half: 128 lanes")
     ops = [AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"), AsmOp("vfcvt", "vfcvt.f.x.v v0, v0", "the dots, exact"),
            AsmOp("vset", "vsetivli t0, 8, e32, m1, ta, ma", "the tile's 8 rows"),
            AsmOp("vle32", f"vle32.v v{G_SRC}, (%[sa])", "the rows' A scales of the block"), m4,
            _spread(G_ROW, G_IDX_ROW, "a_scale by row")]
+    hp = spec is not None and spec.b_pack == "hp"
     for half in range(2):
         if half:
-            ops.append(AsmOp("addi", "addi t1, %[sb], 64"))
-        ops += [AsmOp("vle8", f"vl1re32.v v{G_SRC}, ({'t1' if half else '%[sb]'})", f"B scales of columns {16 * half}.."),
-                _spread(G_COL, G_IDX_COL, "b_scale by column"),
-                AsmOp("vfmul", f"vfmul.vv v{G_COL}, v{G_COL}, v{G_ROW}", "a_scale x b_scale"),
+            ops.append(AsmOp("addi", f"addi t1, %[sb], {32 if hp else 64}"))
+        where = "t1" if half else "%[sb]"
+        if hp:
+            ops += [AsmOp("vset", "vsetivli t0, 16, e16, mf2, ta, ma", "16 fp16 lanes"),
+                    AsmOp("vle16", f"vle16.v v{G_SRC + 2}, ({where})", f"B's fp16 scales of columns {16 * half}.."),
+                    AsmOp("vfwcvt", f".word 0x{encode_vfwcvt_f_f(G_SRC, G_SRC + 2):08x}",
+                          f"vfwcvt.f.f.v v{G_SRC}, v{G_SRC + 2}: as fp32, exact"), m4]
+        else:
+            ops.append(AsmOp("vle8", f"vl1re32.v v{G_SRC}, ({where})", f"B scales of columns {16 * half}.."))
+        ops.append(_spread(G_COL, G_IDX_COL, "b_scale by column"))
+        ops += [AsmOp("vfmul", f"vfmul.vv v{G_COL}, v{G_COL}, v{G_ROW}", "a_scale x b_scale"),
                 AsmOp("vfmacc", f"vfmacc.vv v{G_FACC + 4 * half}, v{4 * half}, v{G_COL}", "facc += dot x scale")]
     return tuple(ops)
 

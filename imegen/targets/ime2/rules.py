@@ -44,9 +44,10 @@ HP_SHAPE = {"op": "gemv", "tile_m": 1, "tile_n": 32, "panel": 32, "bits": 4, "bl
             "scale_type": "fp16", "scales": "inline", "unpack": "interleaved", "abi": "imegen"}
 
 
-# ort-accelerate --decode hp: the serving gemv with these settings (examples/ime2_k3.imegen's q40_decode_hp_k3):
-# FP16 sums per 2 blocks, which keep ORT's level-4 tolerance with a 3x margin at every Qwen2.5-0.5B shape.
-HP_SERVING = {"scale_type": "fp16", "hp_blocks": 2}
+# ort-accelerate --decode hp: the serving gemv with these settings (examples/ime2_k3.imegen's q40_decode_hp_k3:
+# FP16 sums per 2 blocks, which keep ORT's level-4 tolerance with a 3x margin at every Qwen2.5-0.5B shape) and the
+# gemm reading the B it packs (q40_prefill_hp_k3), so that one packed copy serves both.
+HP_SERVING = {"gemv": {"scale_type": "fp16", "hp_blocks": 2}, "gemm": {"scale_type": "fp16", "b_pack": "hp"}}
 
 
 def hp_refusal(spec: KernelSpec) -> str | None:
@@ -60,6 +61,27 @@ def hp_refusal(spec: KernelSpec) -> str | None:
             return (f"hp_blocks is generated for a gemv row of 32 columns in Q4_0's format (op = gemv, tile = 1x32, "
                     f"panel = 32, bits = 4, block = 32, zero_point = symmetric, scale_type = fp16, scales = inline, "
                     f"unpack = interleaved, abi = imegen); {shown} differs")
+    return None
+
+
+# b_pack = hp on a gemm: the in-register 8x32 gemm that subtracts zero points in its k loop (kernel.gemm_zp_in_loop),
+# in the .hp gemv's format, reads B as the .hp gemv packs it: one packed copy serves a node's decode and prefill.
+HP_GEMM_SHAPE = {**{k: v for k, v in HP_SHAPE.items() if k not in ("op", "tile_m")}, "op": "gemm", "tile_m": 8}
+
+
+def b_pack_refusal(spec: KernelSpec) -> str | None:
+    """Why `b_pack = hp` cannot be set for spec (None: it can)."""
+    if spec.target != "ime2":
+        return "b_pack = hp packs B for IME2's block-scaled `.hp` gemv; it needs target = ime2"
+    if spec.op == "gemv":
+        return None if spec.hp_blocks else ("b_pack = hp: the int8 gemv reads B as plainly packed; the gemv that reads "
+                                            "this packing is the `.hp` one (set hp_blocks)")
+    for key, want in HP_GEMM_SHAPE.items():
+        if getattr(spec, key) != want:
+            shown = {"tile_m": "tile", "tile_n": "tile"}.get(key, key)
+            return (f"b_pack = hp is generated for the 8x32 gemm in Q4_0's format (tile = 8x32, panel = 32, bits = 4, "
+                    f"block = 32, zero_point = symmetric, scale_type = fp16, scales = inline, unpack = interleaved, "
+                    f"abi = imegen); {shown} differs")
     return None
 
 
