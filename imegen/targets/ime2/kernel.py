@@ -235,7 +235,7 @@ def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
     b_walk = iterations * b_groups(spec) * b_stride
     g = gemv_fold_registers(spec)
     if gemm_zp_in_loop(spec):  # B's zero points off in the k loop; its one iteration leaves B's pointer alone
-        in_regs = dict(facc_regs=((G_FACC,),), tile_start=zp_tile_start(spec), acc_zero=zp_block_zero(),
+        in_regs = dict(facc_regs=((G_FACC,),), tile_start=zp_tile_start(spec), acc_zero=zp_block_zero(spec),
                        fold=zp_free_fold(spec), block_end=gemm_block_end(spec, pack, 0), tile_end=gemm_tile_end(spec),
                        index16=zp_lane_tables(), clobbers=tuple(f"v{x}" for x in range(VECTOR_REGISTERS)))
         body = zp_loop_body(spec, default_zero_point(spec))
@@ -603,35 +603,40 @@ def _zp_vmadots(spec: KernelSpec) -> tuple[AsmOp, ...]:
 def zp_free_fold(spec: KernelSpec | None = None) -> tuple[AsmOp, ...]:
     """gemm_fold without the zero-point term: the dots to fp32 (exact), times a_scale x b_scale into the fp32
     accumulators; B's scales of columns 16-31 loaded from 64 bytes on (inside the chunk: its zero points and
-    codes follow), so that one lane -> column table serves both halves. b_pack = hp: each half's 16 fp16 scales
-    (32 bytes apart) loaded and widened (exact)."""
+    codes follow), so that one lane -> column table serves both halves. b_pack = hp: the 32 fp16 scales loaded and
+    widened once (exact), columns 16-31 slid down to lanes 0-15 for the second half."""
     m4 = AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma", "a half: 128 lanes")
     ops = [AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"), AsmOp("vfcvt", "vfcvt.f.x.v v0, v0", "the dots, exact"),
            AsmOp("vset", "vsetivli t0, 8, e32, m1, ta, ma", "the tile's 8 rows"),
            AsmOp("vle32", f"vle32.v v{G_SRC}, (%[sa])", "the rows' A scales of the block"), m4,
            _spread(G_ROW, G_IDX_ROW, "a_scale by row")]
     hp = spec is not None and spec.b_pack == "hp"
+    if hp:
+        ops += [AsmOp("vset", "vsetvli t0, zero, e16, mf2, ta, ma", "32 fp16 lanes (VLMAX)"),
+                AsmOp("vle16", f"vle16.v v{G_SRC + 1}, (%[sb])", "B's fp16 scales"),
+                AsmOp("vfwcvt", f".word 0x{encode_vfwcvt_f_f(G_SRC, G_SRC + 1):08x}",
+                      f"vfwcvt.f.f.v v{G_SRC}, v{G_SRC + 1}: as fp32, exact"), m4]
     for half in range(2):
-        if half:
-            ops.append(AsmOp("addi", f"addi t1, %[sb], {32 if hp else 64}"))
-        where = "t1" if half else "%[sb]"
-        if hp:
-            ops += [AsmOp("vset", "vsetivli t0, 16, e16, mf2, ta, ma", "16 fp16 lanes"),
-                    AsmOp("vle16", f"vle16.v v{G_SRC + 2}, ({where})", f"B's fp16 scales of columns {16 * half}.."),
-                    AsmOp("vfwcvt", f".word 0x{encode_vfwcvt_f_f(G_SRC, G_SRC + 2):08x}",
-                          f"vfwcvt.f.f.v v{G_SRC}, v{G_SRC + 2}: as fp32, exact"), m4]
-        else:
-            ops.append(AsmOp("vle8", f"vl1re32.v v{G_SRC}, ({where})", f"B scales of columns {16 * half}.."))
+        if hp and half:
+            ops.append(AsmOp("vslide", f"vslidedown.vi v{G_SRC}, v{G_SRC}, 16", "columns 16-31 to lanes 0-15"))
+        elif not hp:
+            if half:
+                ops.append(AsmOp("addi", "addi t1, %[sb], 64"))
+            ops.append(AsmOp("vle8", f"vl1re32.v v{G_SRC}, ({'t1' if half else '%[sb]'})", f"B scales of columns {16 * half}.."))
         ops.append(_spread(G_COL, G_IDX_COL, "b_scale by column"))
         ops += [AsmOp("vfmul", f"vfmul.vv v{G_COL}, v{G_COL}, v{G_ROW}", "a_scale x b_scale"),
                 AsmOp("vfmacc", f"vfmacc.vv v{G_FACC + 4 * half}, v{4 * half}, v{G_COL}", "facc += dot x scale")]
     return tuple(ops)
 
 
-def zp_block_zero() -> tuple[AsmOp, ...]:
+def zp_block_zero(spec: KernelSpec | None = None) -> tuple[AsmOp, ...]:
     """A block's int32 accumulators = 0 as it starts, on the FP unit (+0.0f is all zero bits): without the
     zero-point term the fold leaves it the less busy unit (the integer one has the unpack and the gathers), and
-    one LMUL-8 move and its vsetvli cost less vector issue than two LMUL-4 moves."""
+    one LMUL-8 move and its vsetvli cost less vector issue than two LMUL-4 moves. b_pack = hp: on the integer
+    unit, which its two-instruction unpack and no zero-point spread leave the less busy one (the fold's widened
+    scales add to the FP unit)."""
+    if spec is not None and spec.b_pack == "hp":
+        return (AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"), AsmOp("vmv", "vmv.v.i v0, 0", "int32 accumulators = 0"))
     return (AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
             AsmOp("vfmv", "vfmv.v.f v0, ft1", "int32 accumulators = 0"))
 
