@@ -202,6 +202,8 @@ def explain(plan: KernelPlan) -> str:
             loops = (f"K chunks, M blocks, then N tiles, each staged once per M block into the workspace (B - zero points, "
                      f"spread fp32 scales: {plan.ime.stage_block_bytes} B per block), M tiles inner")
         a_ws = f"{'int8, per-block scale and sum' if s.compute == 'int8' else 'fp32 copy'}; A[m][k] at {plan.a_index}"
+        if plan.target.a_row_finish(s):
+            a_ws += f"; {plan.target.a_row_finish(s)}"
     lines = [f"kernel {plan.name}", f"  config      {s.describe()}",
              f"  tile        {s.tile_m}x{s.tile_n} outputs per micro-kernel call; loops: {loops}",
              f"  packed B    panels of {L.panel} columns; per (panel, block): {L.data_bytes} data B, "
@@ -210,6 +212,8 @@ def explain(plan: KernelPlan) -> str:
     if plan.blksum:
         lines.append(f"              codes stored as q - 128; the last N % {L.panel} columns in ORT's order; scales and "
                      "block sums in ORT's PackedQuantBDataStruct regions")
+    if L.finished:
+        lines.append(f"              {plan.target.finishes_pack(s)}")
     lines.append(f"  A workspace {a_ws}")
     if plan.budget:
         lines.append("  registers   " + ", ".join(f"{k} {v}" for k, v in plan.budget.items())
@@ -218,7 +222,14 @@ def explain(plan: KernelPlan) -> str:
                         if plan.ime and len(plan.ime.clobbers) > sum(plan.budget.values()) else ""))
     if plan.rvv:
         lines.append(f"  rvv types   accumulators {plan.rvv.types.f32} (LMUL {plan.rvv.lmul}), B codes {plan.rvv.types.u8}; needs VLEN >= {s.vlen}")
-    if plan.ime:
+    if plan.ime and plan.ime.program:  # a whole-tile asm statement the target lays out itself
+        I = plan.ime
+        lines += [f"  ime         {I.na} vmadot tiles ({I.vmadots_per_tile_block} vmadots per block), one accumulator "
+                  f"register each ({', '.join(f'v{r}' for row in I.acc_regs for r in range(row[0], row[0] + I.na))}); "
+                  f"the tile's one asm statement ({len(I.program)} instructions):"]
+        lines += [f"    {op.text:<28} {('# ' + op.comment) if op.comment else ''}".rstrip() for op in I.program]
+        lines.append(f"  occupancy   no cost model for this kernel's core (this kernel runs at {plan.target.vlen_need(plan.spec)})")
+    elif plan.ime:
         I = plan.ime
         regs = ", ".join(f"v{vd}-v{vd + 1}" for row in I.acc_regs for vd in row)
         mix = Counter(op.kind for op in I.body)

@@ -41,17 +41,17 @@ class PackLayout:
     # t*TN + j (low nibble) and t*TN + j + TN/2 (high), the split the fold unpacks with vand/vsrl.
     zp_nibbles: bool = False
     zp_tile_n: int = 0  # TN when zp_nibbles
-    factor: bool = False  # one fp32 factor for every result after the last chunk (Target.pack_factor)
+    finished: bool = False  # the target's finish_pack reworks the chunks and writes an fp32 factor after the last
 
     @property
     def tail_bytes(self) -> int:
         """Bytes after the last chunk: the gemv fold loads a tile's nibble zero points as TN bytes (at SEW 16,
-        the vl its slides and scales use), TN / 2 of them past its own; or the fp32 factor."""
-        return 4 if self.factor else self.zp_tile_n // 2
+        the vl its slides and scales use), TN / 2 of them past its own; finish_pack's fp32 factor."""
+        return max(self.zp_tile_n // 2, 4 if self.finished else 0)
 
     @property
     def tail_why(self) -> str:
-        return "B's fp32 factor (finish_pack)" if self.factor else "the fold's zero-point load reads past the last"
+        return "B's fp32 factor (finish_pack)" if self.finished else "the fold's zero-point load reads past the last"
 
     def zp_byte(self, c: str) -> str:
         """C expression: the byte of column c's zero point within a chunk's zero points."""
@@ -125,9 +125,13 @@ class KernelPlan:
 
     @property
     def exact_on_exact_data(self) -> bool:
-        """Is the kernel exact on exactly representable data (check.py compares it so)? Not with `.hp` vmadots: their
-        FP16 sums round even those."""
-        return not self.spec.hp_blocks
+        """Is the kernel exact on exactly representable data (check.py compares it so)? Target.exact_on_exact_data."""
+        return self.target.exact_on_exact_data(self.spec)
+
+    @property
+    def a_row_start(self) -> str:
+        """C expr in m, Kpad: where row m's codes start (gemv rows: Kpad codes then a_tail_pad bytes)."""
+        return f"m * (Kpad + {self.a_tail_pad})"
 
     @property
     def blksum(self) -> bool:
@@ -152,7 +156,7 @@ def _pack_layout(spec: KernelSpec, target: Target) -> PackLayout:
     byte, shift = target.pack_codes(spec)
     data_bytes = np_ * blk * spec.bits // 8
     return PackLayout(np_, data_bytes, inline, scale_bytes, zp_bytes, byte, shift, nibbles, spec.tile_n if nibbles else 0,
-                      target.pack_factor(spec))
+                      bool(target.finishes_pack(spec)))
 
 
 def plan_kernel(spec: KernelSpec) -> KernelPlan:

@@ -156,8 +156,7 @@ def oracle(plan: KernelPlan, case: Case) -> tuple[np.ndarray, np.ndarray]:
     bias_mag = np.abs(case.bias).astype(np.float64) if case.bias is not None else 0.0
     if plan.spec.scale_type == "fp16":  # the kernel computes with its packed, fp16-rounded scales
         half = np.clip(case.qw.scales, -65504, 65504).astype(np.float16)  # the packer saturates, rounds to even
-        if plan.pack.factor:
-            half = hp_packed_scales(half)
+        half = plan.target.packed_scales(plan.spec, half, case.slice_widths())
         case = replace(case, qw=replace(case.qw, scales=half.astype(np.float32)))
     if plan.spec.compute == "fp32":
         Y = ref.matmul_nbits(case.A, case.qw, case.bias)
@@ -181,16 +180,6 @@ def oracle(plan: KernelPlan, case: Case) -> tuple[np.ndarray, np.ndarray]:
     terms = mag * np.abs(a_scale)[:, None, :] * np.abs(case.qw.scales.astype(np.float64))[None, :, :]
     bound = (adds + 3) * EPS32 * terms.sum(axis=2) + 2 * EPS32 * (np.abs(Y) + bias_mag)
     return Y, bound
-
-
-def hp_packed_scales(half: np.ndarray) -> np.ndarray:
-    """The scales a b_pack = hp kernel computes with: finish_pack divides the stored FP16 scales by D, the power of two
-    that brings the largest finite |scale| into [0.5, 1), and the kernel multiplies its results by D: exact unless a
-    quotient falls below FP16's normal range, where it rounds (to nearest even). float64 [N, kb]."""
-    finite = np.abs(half[np.isfinite(half)]).astype(np.float64)
-    top = finite.max(initial=0.0)
-    D = 2.0 ** np.frexp(top)[1] if top > 0 else 1.0
-    return (half.astype(np.float64) / D).astype(np.float16).astype(np.float64) * D
 
 
 FP16_U = 2.0 ** -11  # FP16's unit roundoff (round to nearest)

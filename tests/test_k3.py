@@ -297,3 +297,12 @@ def test_k3_hp_configs_are_the_example_spec_imegen_check_passes():
     for op, name in (("gemv", "q40_decode_hp_k3"), ("gemm", "q40_prefill_hp_k3")):
         derived = acc._validate(dict(acc.target_config(board, group, op).settings))
         assert {k: getattr(derived, k) for k in keys} == {k: getattr(example[name], k) for k in keys}
+
+
+def test_an_explicit_decode_hp_that_no_node_takes_says_so(tmp_path, capsys):
+    """--decode hp on a model with no node in the .hp gemv's format (asymmetric) is not a silent no-op."""
+    model = saved(chain(dict(N=64, K=64, level=4, symmetric=False)), tmp_path)
+    code = main(["ort-accelerate", str(model), "-o", str(tmp_path / "o"), "--target", "k3", "--flavour", "qemu",
+                 "--decode", "hp"])
+    out = capsys.readouterr().out
+    assert code == 0 and "no served node is in the .hp gemv's format" in out

@@ -782,6 +782,9 @@ def accelerate(opts: Options) -> Outcome:
     lines = [node_line(n, d, *_levels(n, d, i in lowered)) for i, (n, d) in enumerate(zip(nodes, decisions))]
     lines += [decoder_line(d) for d in decoder]
     lines += notes(decisions, lowered, opts)
+    if opts.decode == "hp" and not any(s.hp_blocks for s in specs if s.name in used):
+        lines.append("note: --decode hp: no served node is in the .hp gemv's format (4-bit, symmetric, block 32, int8 "
+                     "compute): every node decodes on the int8 gemv")
     if folded and served:
         lines.append(f"note: {len(folded)} bias Adds folded into their MatMulNBits nodes' bias input (what ORT's own "
                      "optimizer does to com.microsoft nodes; imegen's kernels add the bias in their epilogue)")
@@ -846,9 +849,10 @@ def add_parser(sub) -> None:
     p.add_argument("--spec", metavar="SPEC",
                    help="use this spec's kernels instead of deriving them (e.g. an edited OUT_DIR/model.imegen)")
     p.add_argument("--decode", choices=("int8", "hp"), default=None,
-                   help="K3: 4-bit symmetric block-32 nodes (Q4_0's format: onnxruntime-genai's int4 export) decode "
-                        "through block-scaled FP16 vmadots (hp, the K3's default: about half the instructions of "
-                        "the int8 gemv, ORT's level-4 tolerance kept), prefill on the int8 gemm reading the same "
+                   help="K3: 4-bit symmetric block-32 int8-compute nodes (Q4_0's format: onnxruntime-genai's int4 "
+                        "export) decode through block-scaled FP16 vmadots (hp, the K3's default: about half the "
+                        "instructions of the int8 gemv; within ORT's level-4 tolerance with a 3x margin at "
+                        "Qwen2.5-0.5B's shapes, docs/ime2-isa.md 10.8), prefill on the int8 gemm reading the same "
                         "packed weights (FP16 scales); int8: the int8 gemv and gemm with ORT's fp32 scales")
     p.add_argument("--compute", choices=("fp32", "int8"), default=None,
                    help="default: by accuracy_level (4: int8 on IME; 0-3: fp32 on RVV). int8 runs every node on "

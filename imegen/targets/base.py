@@ -201,16 +201,27 @@ class Target:
         """LMUL of the vector A quantizer's fp32 groups (templates/quantize_block.c.j2)."""
         return 8
 
-    def pack_factor(self, spec: KernelSpec) -> bool:
-        """Does packed B end with one fp32 factor the kernel multiplies its results by, which its micro template's
-        NAME_finish_pack(N, K, packed_b) writes after pack_b has packed every chunk (and may rework the chunks)?"""
-        return False
+    def finishes_pack(self, spec: KernelSpec) -> str:
+        """What the target's micro template's NAME_finish_pack(N, K, packed_b) does, which pack_b then calls once every
+        chunk is packed, to rework the chunks and write one fp32 factor after them that the kernel multiplies its
+        results by (packed_scales then says what the kernel computes with); "" when it has none."""
+        return ""
 
-    def a_row_finish(self, spec: KernelSpec) -> bool:
-        """Does the target's a_store_template define finish_row(q, scale, extra, kb, whole), which quantize_rows calls
-        on each row once its codes (q: the row's first), fp32 scales and int32 code sums (extra) are in place, to
-        rework them into the form its kernel reads (its quantize_row_to may store its `whole` blocks so already)?"""
-        return False
+    def packed_scales(self, spec: KernelSpec, half, widths: list[int]):
+        """The fp16 B scales ([N, kb], as the packer rounds them) a kernel with fp16 scales computes with, B cut into
+        column slices of `widths`, each packed alone: as stored, unless finish_pack reworks them."""
+        return half
+
+    def exact_on_exact_data(self, spec: KernelSpec) -> bool:
+        """Is the kernel exact on exactly representable data (imegen check compares it so)?"""
+        return True
+
+    def a_row_finish(self, spec: KernelSpec) -> str:
+        """What the target's a_store_template's finish_row(q, scale, extra, kb, whole) does, which quantize_rows then
+        calls on each row once its codes (q: the row's first), fp32 scales and int32 code sums (extra) are in place,
+        to rework them into the form its kernel reads (its quantize_row_to may store its `whole` blocks so already);
+        "" when it has none."""
+        return ""
 
     def lower(self, spec: KernelSpec, pack) -> object | None:
         """The target's part of the KernelPlan (stored in the field plan_part names), given the

@@ -95,8 +95,10 @@ def run_samples(b: Ime2Exe, samples: list[tuple[int, int, int]]) -> dict[tuple[i
     for i, (M, N, K) in enumerate(samples):
         _, _, _, status, emulated, checksum = lines[i].split()
         prep, mm = dict(run.regions[2 * i].values), dict(run.regions[2 * i + 1].values)
-        mm = _refile_int4_forms(mm, int(emulated))
-        want, seen = expected_vmadots(b.plan, M, N, K), mm.get("kernel.vmadot", 0) + mm.get("callee.vmadot", 0)
+        want = expected_vmadots(b.plan, M, N, K)
+        if b.plan.spec.hp_blocks:
+            mm = _refile_hp_words(mm, want)
+        seen = mm.get("kernel.vmadot", 0) + mm.get("callee.vmadot", 0)
         if int(status) != 0 or not math.isfinite(float(checksum)) or not int(emulated) == want == seen:
             raise ToolchainError(f"{b.plan.name} {M}x{N}x{K}: status {status}, vmadot plan {want} / plugin {seen} / "
                                  f"emulator {emulated}", [str(b.exe)])
@@ -104,16 +106,14 @@ def run_samples(b: Ime2Exe, samples: list[tuple[int, int, int]]) -> dict[tuple[i
     return out
 
 
-def _refile_int4_forms(counts: dict[str, int], emulated: int) -> dict[str, int]:
-    """The plugin knows IME2's int8 vmadot words and files its int4 and `.hp` forms (the `.hp` gemv's) as scalar
-    int (ime2_counts.reclassify): the ones the emulator ran beyond the plugin's vmadots moved from int to vmadot.
-    Unchanged when they agree; a count the int class cannot hold is left for run_samples to refuse."""
+def _refile_hp_words(counts: dict[str, int], planned: int) -> dict[str, int]:
+    """A `.hp` gemv's vmadot.hp words, which the plugin (it knows IME2's int8 vmadot words) files as scalar int
+    (ime2_counts.reclassify): the plan's count of them moved from int to vmadot, when the plugin saw no vmadot of
+    its own and its int class holds them; else unchanged, for run_samples' cross-check to refuse."""
     plugin = counts.get("kernel.vmadot", 0) + counts.get("callee.vmadot", 0)
-    misfiled = emulated - plugin
-    if misfiled <= 0 or counts.get("kernel.int", 0) < misfiled:
+    if plugin or counts.get("kernel.int", 0) < planned:
         return counts
-    return {**counts, "kernel.int": counts["kernel.int"] - misfiled,
-            "kernel.vmadot": counts.get("kernel.vmadot", 0) + misfiled}
+    return {**counts, "kernel.int": counts["kernel.int"] - planned, "kernel.vmadot": planned}
 
 
 def imegen_counts(plan: KernelPlan, full: list[tuple[int, int, int]]) -> dict[tuple[int, int, int], ShapeCounts]:

@@ -64,11 +64,19 @@ class Ime2Target(Target):
         """Rows templates/quantize_ime2.c.j2 quantizes together (quantize_tile_rows_to), 0 for one at a time."""
         return layout.a_group_rows(spec, gemm_zp_in_loop(spec))
 
-    def pack_factor(self, spec: KernelSpec) -> bool:
-        return spec.b_pack == "hp"  # codes signed, scales normalized by a power of two (micro_ime2.c.j2's finish_pack)
+    def finishes_pack(self, spec: KernelSpec) -> str:
+        return ("codes stored signed (q ^ 8, read as q - 8); fp16 scales divided by D, the power of two bringing the "
+                "largest into [0.5, 1), stored after the chunks" if spec.b_pack == "hp" else "")
 
-    def a_row_finish(self, spec: KernelSpec) -> bool:
-        return bool(spec.hp_blocks)  # codes split into 4-bit rows, scales to FP16 (quantize_ime2.c.j2's finish_row)
+    def packed_scales(self, spec: KernelSpec, half, widths: list[int]):
+        return layout.hp_packed_scales(half, widths) if spec.b_pack == "hp" else half
+
+    def exact_on_exact_data(self, spec: KernelSpec) -> bool:
+        return not spec.hp_blocks  # .hp's FP16 sums round even exactly representable data
+
+    def a_row_finish(self, spec: KernelSpec) -> str:
+        return ("rows then rewritten for the .hp gemv: codes split into 4-bit rows c >> 4 and (c & 15) - 8, scales to "
+                "FP16 divided by the row's power of two F, F over the first code sum" if spec.hp_blocks else "")
 
     def lower(self, spec: KernelSpec, pack):
         return ime2_plan(spec, pack)

@@ -8,6 +8,8 @@ own byte order) puts the even k of each 32 in the first step and the odd k in th
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...spec import KernelSpec
 from .rules import A_TILE_BYTES, K_STEP, TILE_COLUMNS, TILE_ROWS, tiles
 
@@ -85,3 +87,19 @@ def a_group_rows(spec: KernelSpec, sums_unused: bool) -> int:
     ok = (sums_unused and spec.tile_m == TILE_ROWS and spec.bits == 4 and spec.unpack == "interleaved"
           and spec.block == 2 * K_STEP and spec.a_scale_type == "fp32")
     return TILE_ROWS if ok else 0
+
+
+def hp_packed_scales(half, widths: list[int]):
+    """The scales a b_pack = hp kernel computes with (float64 [N, kb]): per column slice (each packed alone),
+    finish_pack divides the stored FP16 scales by D, the power of two that brings the slice's largest finite |scale|
+    into [0.5, 1), and the kernel multiplies its results by D: exact unless a quotient falls below FP16's normal
+    range, where it rounds (to nearest even)."""
+    out = np.empty(half.shape, np.float64)
+    n0 = 0
+    for width in widths:
+        part = half[n0:n0 + width]
+        top = np.abs(part[np.isfinite(part)]).astype(np.float64).max(initial=0.0)
+        D = 2.0 ** np.frexp(top)[1] if top > 0 else 1.0
+        out[n0:n0 + width] = (part.astype(np.float64) / D).astype(np.float16).astype(np.float64) * D
+        n0 += width
+    return out
