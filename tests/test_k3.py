@@ -79,11 +79,14 @@ def test_ime2_kernels_serve_matmulnbits_in_real_ort(setup, monkeypatch):
     assert parse_routes(text)["n_a"] == "M=1 k3_gemv, M=2+ k3_gemm, no IME hart: fb"
     # a K3 has 8 A100 cores: B is cut into up to 8 column slices (N = 160: five of 32 columns)
     assert stats["slices_on_ime"] == 3 * (96 // 32 + 160 // 32)
+    # A quantized on an A100 hart too (its quantizer is written for VLEN 1024; an X100 has 256): once per node and feed
+    assert stats["prepares_on_ime"] + stats["prepares_pinned"] == 2 * 3
 
 
 def test_no_ime2_hart_runs_every_slice_on_the_fallback(setup, monkeypatch):
     stats = parse_stats(run_imegen(setup, monkeypatch, ""))
     assert stats["vmadots"] == 0 and stats["fb"] == 6 and stats["slices_on_ime"] == stats["slices_pinned"] == 0
+    assert stats["prepares_on_ime"] == stats["prepares_pinned"] == 0
 
 
 def test_threads_elsewhere_are_moved_to_an_ime2_hart(setup, monkeypatch):
@@ -94,6 +97,8 @@ def test_threads_elsewhere_are_moved_to_an_ime2_hart(setup, monkeypatch):
     stats = parse_stats(run_imegen(setup, monkeypatch, "0", cpus={1}))
     assert stats["vmadots"] > 0 and stats["slices_fallback"] == 0 and stats["slices_pinned"] > 0
     assert stats["slices_on_ime"] == 0
+    # the calling thread (on hart 1) quantizes A on hart 0, where the kernels' VLEN is, and comes back
+    assert stats["prepares_pinned"] == 2 * 3 and stats["prepares_on_ime"] == 0
 
 
 def test_an_ime2_instruction_on_a_hart_without_ime2_dies(monkeypatch):

@@ -73,6 +73,8 @@ def board_flags(plans: list[KernelPlan], emulate: bool) -> list[str]:
              f"-DIMEGEN_IME_CORES={harts.cores}", f'-DIMEGEN_IME_WHERE="{harts.where}"']
     if harts.route_file:
         flags.append(f'-DIMEGEN_IME_ROUTE_FILE="{harts.route_file}"')
+    if harts.own_vlen:
+        flags.append("-DIMEGEN_IME_PREPARE_THERE")
     if emulate:
         flags += ["-DIMEGEN_IME_EMULATION", f"-DIMEGEN_EMULATOR={emulator(plans)}"]
     return flags
@@ -212,8 +214,9 @@ def build_library(specs: list[KernelSpec], spec_file: str = "<spec>", *, flavour
 
 def parse_stats(text: str) -> dict[str, int]:
     """imegen_ort_stats() text -> {kernel name: calls, ..., "vmadots": n (qemu flavour with IME),
-    "slices_on_ime" / "slices_pinned" / "slices_fallback": IME slices by where they ran, "packed_bytes": the
-    B copies the live nodes packed}."""
+    "slices_on_ime" / "slices_pinned" / "slices_fallback": IME slices by where they ran, "prepares_on_ime" /
+    "prepares_pinned": A quantizations run on the IME harts (boards whose IME harts have a VLEN of their own),
+    "packed_bytes": the B copies the live nodes packed}."""
     out = {}
     for line in text.splitlines():
         parts = line.split()
@@ -225,6 +228,8 @@ def parse_stats(text: str) -> dict[str, int]:
             out["packed_bytes"] = int(parts[1])
         elif len(parts) == 7 and parts[0] == "ime_slices":
             out.update({f"slices_{parts[i]}": int(parts[i + 1]) for i in (1, 3, 5)})
+        elif len(parts) == 5 and parts[0] == "ime_prepares":
+            out.update({f"prepares_{parts[i]}": int(parts[i + 1]) for i in (1, 3)})
     return out
 
 

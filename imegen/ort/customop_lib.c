@@ -74,6 +74,9 @@ static cpu_set_t ime_harts;
 static int ime_hart_count;
 static char ime_harts_from[160]; /* where the set came from, for imegen_ort_stats() and messages */
 static unsigned long slices_on_ime, slices_pinned, slices_fallback;
+#ifdef IMEGEN_IME_PREPARE_THERE
+static unsigned long prepares_on_ime, prepares_pinned; /* where A was quantized (prepare_a) */
+#endif
 static unsigned long gated_calls; /* Runs of nodes with a SiLU gate (IN_GATE) */
 static unsigned long long packed_bytes; /* B packed by live nodes: the memory the library adds to ORT's */
 
@@ -221,6 +224,7 @@ struct slices_job {
     size_t M;
     int status;
     int fell_back; /* some slice ran on the fallback kernel */
+    int unprepared; /* A could not be quantized on an IME hart: every slice runs the fallback */
 };
 
 /* The constant initializer behind input i with its element type and count, or an error naming the node. */
@@ -558,6 +562,12 @@ static void run_slice(void *p, size_t i) {
     int status;
     if (!is_ime(j->k)) {
         status = run_prepared(j, i);
+    } else if (j->unprepared) {
+        status = j->node->fallback ? run_fallback(j, i) : ST_NO_IME_HART;
+        if (j->node->fallback) {
+            __atomic_store_n(&j->fell_back, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&slices_fallback, 1, __ATOMIC_RELAXED);
+        }
     } else {
         cpu_set_t saved;
         const int how = enter_ime_harts(&saved);
@@ -574,6 +584,26 @@ static void run_slice(void *p, size_t i) {
         }
     }
     if (status) __atomic_store_n(&j->status, status, __ATOMIC_RELAXED);
+}
+
+/* k's A quantization into ws: on a board whose IME harts have a VLEN of their own (IMEGEN_IME_PREPARE_THERE: the
+ * K3's A100s beside its X100s), an IME kernel's quantizer, vector code written for that VLEN, runs on an IME hart,
+ * entered as a slice enters one (a quantizer at another VLEN would cover part of each block, silently). 0 when it
+ * cannot be: the slices then run the fallback, which quantizes its own. */
+static int prepare_a(const kernel_t *k, size_t M, size_t K, const void *A, void *ws) {
+#ifdef IMEGEN_IME_PREPARE_THERE
+    if (is_ime(k)) {
+        cpu_set_t saved;
+        const int how = enter_ime_harts(&saved);
+        if (how < 0) return 0;
+        k->prepare_a(M, K, A, K, ws);
+        if (how == 1) sched_setaffinity(0, sizeof saved, &saved); /* routed (2): it stays */
+        __atomic_fetch_add(how ? &prepares_pinned : &prepares_on_ime, 1, __ATOMIC_RELAXED);
+        return 1;
+    }
+#endif
+    k->prepare_a(M, K, A, K, ws);
+    return 1;
 }
 
 static const char *status_text(int status) {
@@ -640,7 +670,7 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *ctx) {
                                n->name, M);
     void *ws = malloc(ws_bytes);
     if (!ws) return fail(ORT_FAIL, "imegen: node '%s': out of memory for the workspace (M = %zu)", n->name, M);
-    k->prepare_a(M, n->K, a, n->K, ws); /* A quantized once; every slice on k reads it */
+    j.unprepared = !prepare_a(k, M, n->K, a, ws); /* A quantized once; every slice on k reads it */
     j.A = a, j.workspace = ws, j.bias = bias, j.gate = gate, j.C = c;
     count_call(k);
     if (gate) __atomic_fetch_add(&gated_calls, 1, __ATOMIC_RELAXED);
@@ -736,6 +766,10 @@ const char *imegen_ort_stats(void) {
     append(&at, "ime_harts %s (from %s)\n", harts, ime_harts_from);
     append(&at, "ime_slices on_ime %lu pinned %lu fallback %lu\n", __atomic_load_n(&slices_on_ime, __ATOMIC_RELAXED),
            __atomic_load_n(&slices_pinned, __ATOMIC_RELAXED), __atomic_load_n(&slices_fallback, __ATOMIC_RELAXED));
+#ifdef IMEGEN_IME_PREPARE_THERE
+    append(&at, "ime_prepares on_ime %lu pinned %lu\n", __atomic_load_n(&prepares_on_ime, __ATOMIC_RELAXED),
+           __atomic_load_n(&prepares_pinned, __ATOMIC_RELAXED));
+#endif
     append(&at, "packed_bytes %llu\n", __atomic_load_n(&packed_bytes, __ATOMIC_RELAXED));
     unsigned long gated_nodes = 0;
     pthread_mutex_lock(&live_lock);

@@ -76,6 +76,9 @@ class ImeHarts:
     # the kernel's routing file a thread writes to become, for good, a thread of those cores (pinning follows
     # when the file is absent)
     route_file: str = ""
+    # The other harts have another VLEN (the K3's X100s: 256 beside the A100s' 1024): the kernels' A quantizers, vector
+    # code written for the IME harts' VLEN, must run there too, not on whichever thread calls the node
+    own_vlen: bool = False
 
 
 @dataclass(frozen=True)

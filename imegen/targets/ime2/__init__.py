@@ -90,7 +90,7 @@ TARGET = Ime2Target(
     # harts 8-15; a thread becomes an A100 thread by writing to /proc/set_ai_thread (llama.cpp's SpacemiT
     # backend does so, ime.cpp bind_ai_thread), marchid from its ime_env.cpp
     ime_harts=ImeHarts(board="K3", marchid=0x8000000041000002, cores=8, where="8-15",
-                       route_file="/proc/set_ai_thread"),
+                       route_file="/proc/set_ai_thread", own_vlen=True),
     # the A quantizer stores whole blocks into the 16-k step layout itself (layout.a_step_bytes)
     a_store_template="quantize_ime2.c.j2",
     fallback_refusal="a fallback kernel runs where no IME hart is reachable, so its target must be rvv or scalar",
