@@ -29,6 +29,7 @@ VLEN = 1024
 FILE = "hp.imegen"
 HP = ("op = gemv  tile = 1x32  panel = 32  k_unroll = 2  unpack = interleaved  scale_type = fp16  "
       "zero_point = symmetric")
+HP_GEMM = "op = gemm  tile = 8x32  panel = 32  k_unroll = 2  unpack = interleaved  scale_type = fp16  b_pack = hp"
 
 
 def spec_of(settings: str):
@@ -126,6 +127,10 @@ def test_words_are_the_assemblers(tmp_path, text, march, word):
     ("op = gemv  tile = 1x32  panel = 32  k_unroll = 2  unpack = interleaved  zero_point = asymmetric  hp_blocks = 2",
      "zero_point differs"),
     (f"{HP}  hp_blocks = 3", "must be one of"),
+    (f"{HP_GEMM}  tile = 16x32", "set twice"),
+    ("op = gemm  tile = 16x32  panel = 32  k_unroll = 2  unpack = interleaved  scale_type = fp16  b_pack = hp",
+     "tile differs"),
+    (f"{HP}  b_pack = hp", "set hp_blocks"),
 ])
 def test_refusals_name_the_setting_and_the_reason(settings, words):
     with pytest.raises(SpecError, match=words):
@@ -165,9 +170,6 @@ def test_the_kernel_computes_what_the_accuracy_study_models(kind, S, K):
     assert np.array_equal(r.C, y), float(np.abs(r.C - y).max())
 
 
-HP_GEMM = "op = gemm  tile = 8x32  panel = 32  k_unroll = 2  unpack = interleaved  scale_type = fp16  b_pack = hp"
-
-
 @pytest.mark.parametrize("bias", ["no", "yes"])
 def test_the_gemm_reading_the_hp_packing_checks(bias):
     """b_pack = hp: the in-register 8x32 gemm reads B as the .hp gemv packs it (signed codes, FP16 scales / D) and is
@@ -200,17 +202,6 @@ def test_a_node_decodes_and_prefills_from_one_packed_copy():
     gemv, gemm = plan_kernel(spec_of(f"{HP}  hp_blocks = 2")), plan_kernel(spec_of(HP_GEMM))
     assert packing(gemv) == packing(gemm)
     assert packing(gemm) != packing(plan_kernel(spec_of(HP_GEMM.replace("  b_pack = hp", ""))))
-
-
-@pytest.mark.parametrize("settings, words", [
-    (f"{HP_GEMM}  tile = 16x32", "set twice"),
-    ("op = gemm  tile = 16x32  panel = 32  k_unroll = 2  unpack = interleaved  scale_type = fp16  b_pack = hp",
-     "tile differs"),
-    (f"{HP}  b_pack = hp", "set hp_blocks"),
-])
-def test_b_pack_refusals(settings, words):
-    with pytest.raises(SpecError, match=words):
-        spec_of(settings)
 
 
 def test_the_ones_row_survives_agnostic_tails(monkeypatch):

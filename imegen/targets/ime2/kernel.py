@@ -246,7 +246,7 @@ def ime2_plan(spec: KernelSpec, pack) -> ImePlan:
         in_regs = dict(facc_regs=((G_FACC,),), tile_start=gemm_tile_start(default_zero_point(spec)),
                        acc_zero=(*gemm_block_zero(), *entry),
                        fold=gemm_fold(spec, default_zero_point(spec)), block_end=gemm_block_end(spec, pack, b_walk),
-                       tile_end=gemm_tile_end(), index16=gemm_lane_tables(),
+                       tile_end=gemm_tile_end(spec), index16=gemm_lane_tables(),
                        clobbers=tuple(f"v{x}" for x in range(VECTOR_REGISTERS)))
     elif g is not None:  # one asm statement per tile: the block loop and the fold in registers
         body, b_walk = _b_advance_to_block_end(loop_body(spec, r), iterations, b_walk, b_stride)
@@ -510,7 +510,7 @@ def gemm_tile_start(zp_default: int) -> tuple[AsmOp, ...]:
             AsmOp("vset", "vsetvli t0, zero, e32, m4, ta, ma", "gemm_block_zero's vtype"))
 
 
-def gemm_tile_end(spec: KernelSpec | None = None) -> tuple[AsmOp, ...]:
+def gemm_tile_end(spec: KernelSpec) -> tuple[AsmOp, ...]:
     """The fp32 accumulators in row-major order (one gather at LMUL 8: row r in v(16 + r)), then row by row, cols
     of them: plus %[addend]'s row (C's, a later K chunk; the bias, the first; %[astride] bytes apart) when there
     is one, stored to C's row, until %[rows] rows are. b_pack = hp: first times D / 16 (B's factor, and its codes
@@ -520,7 +520,7 @@ def gemm_tile_end(spec: KernelSpec | None = None) -> tuple[AsmOp, ...]:
                 AsmOp("fmul", "fmul.s ft1, ft1, ft2", "D / 16: exact"),
                 AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
                 AsmOp("vfmul", f"vfmul.vf v{G_FACC}, v{G_FACC}, ft1"))
-               if spec is not None and spec.b_pack == "hp" else ())
+               if spec.b_pack == "hp" else ())
     ops = [*unscale, AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
            AsmOp("addi", f"addi t1, %[idx], {6 * HALF_LANES}"),
            AsmOp("vle8", f"vl4re16.v v{G_PERM}, (t1)", "row-major order"),
@@ -600,7 +600,7 @@ def _zp_vmadots(spec: KernelSpec) -> tuple[AsmOp, ...]:
     return (*ops, *_add_imm("%[a]", a_step(spec)))
 
 
-def zp_free_fold(spec: KernelSpec | None = None) -> tuple[AsmOp, ...]:
+def zp_free_fold(spec: KernelSpec) -> tuple[AsmOp, ...]:
     """gemm_fold without the zero-point term: the dots to fp32 (exact), times a_scale x b_scale into the fp32
     accumulators; B's scales of columns 16-31 loaded from 64 bytes on (inside the chunk: its zero points and
     codes follow), so that one lane -> column table serves both halves. b_pack = hp: the 32 fp16 scales loaded and
@@ -610,7 +610,7 @@ def zp_free_fold(spec: KernelSpec | None = None) -> tuple[AsmOp, ...]:
            AsmOp("vset", "vsetivli t0, 8, e32, m1, ta, ma", "the tile's 8 rows"),
            AsmOp("vle32", f"vle32.v v{G_SRC}, (%[sa])", "the rows' A scales of the block"), m4,
            _spread(G_ROW, G_IDX_ROW, "a_scale by row")]
-    hp = spec is not None and spec.b_pack == "hp"
+    hp = spec.b_pack == "hp"
     if hp:
         ops += [AsmOp("vset", "vsetvli t0, zero, e16, mf2, ta, ma", "32 fp16 lanes (VLMAX)"),
                 AsmOp("vle16", f"vle16.v v{G_SRC + 1}, (%[sb])", "B's fp16 scales"),
@@ -629,13 +629,13 @@ def zp_free_fold(spec: KernelSpec | None = None) -> tuple[AsmOp, ...]:
     return tuple(ops)
 
 
-def zp_block_zero(spec: KernelSpec | None = None) -> tuple[AsmOp, ...]:
+def zp_block_zero(spec: KernelSpec) -> tuple[AsmOp, ...]:
     """A block's int32 accumulators = 0 as it starts, on the FP unit (+0.0f is all zero bits): without the
     zero-point term the fold leaves it the less busy unit (the integer one has the unpack and the gathers), and
     one LMUL-8 move and its vsetvli cost less vector issue than two LMUL-4 moves. b_pack = hp: on the integer
     unit, which its two-instruction unpack and no zero-point spread leave the less busy one (the fold's widened
     scales add to the FP unit)."""
-    if spec is not None and spec.b_pack == "hp":
+    if spec.b_pack == "hp":
         return (AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"), AsmOp("vmv", "vmv.v.i v0, 0", "int32 accumulators = 0"))
     return (AsmOp("vset", "vsetvli t0, zero, e32, m8, ta, ma"),
             AsmOp("vfmv", "vfmv.v.f v0, ft1", "int32 accumulators = 0"))

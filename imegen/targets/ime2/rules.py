@@ -50,18 +50,22 @@ HP_SHAPE = {"op": "gemv", "tile_m": 1, "tile_n": 32, "panel": 32, "bits": 4, "bl
 HP_SERVING = {"gemv": {"scale_type": "fp16", "hp_blocks": 2}, "gemm": {"scale_type": "fp16", "b_pack": "hp"}}
 
 
+def _differing_setting(spec: KernelSpec, shape: dict[str, object]) -> str | None:
+    """The first DSL setting of spec outside `shape` (tile_m and tile_n are the DSL's `tile`), None if none is."""
+    key = next((k for k, want in shape.items() if getattr(spec, k) != want), None)
+    return {"tile_m": "tile", "tile_n": "tile"}.get(key, key)
+
+
 def hp_refusal(spec: KernelSpec) -> str | None:
     """Why `hp_blocks` cannot be set for spec (None: it can). A `.hp` vmadot multiplies 4-bit A by 4-bit B and scales
-    each block's products by an FP16 value per column into FP16 accumulators (docs/ime2-isa.md §10.8)."""
+    each block's products by an FP16 value per column into FP16 accumulators (docs/ime2-isa.md §10.8). Asked of
+    other targets' specs too (targets.option_refusal), as target ime's options are."""
     if spec.target != "ime2":
         return "hp_blocks chooses IME2's block-scaled `.hp` vmadots; it needs target = ime2"
-    for key, want in HP_SHAPE.items():
-        if getattr(spec, key) != want:
-            shown = {"tile_m": "tile", "tile_n": "tile"}.get(key, key)
-            return (f"hp_blocks is generated for a gemv row of 32 columns in Q4_0's format (op = gemv, tile = 1x32, "
-                    f"panel = 32, bits = 4, block = 32, zero_point = symmetric, scale_type = fp16, scales = inline, "
-                    f"unpack = interleaved, abi = imegen); {shown} differs")
-    return None
+    differs = _differing_setting(spec, HP_SHAPE)
+    return differs and (f"hp_blocks is generated for a gemv row of 32 columns in Q4_0's format (op = gemv, tile = 1x32, "
+                        f"panel = 32, bits = 4, block = 32, zero_point = symmetric, scale_type = fp16, scales = inline, "
+                        f"unpack = interleaved, abi = imegen); {differs} differs")
 
 
 # b_pack = hp on a gemm: the in-register 8x32 gemm that subtracts zero points in its k loop (kernel.gemm_zp_in_loop),
@@ -70,19 +74,16 @@ HP_GEMM_SHAPE = {**{k: v for k, v in HP_SHAPE.items() if k not in ("op", "tile_m
 
 
 def b_pack_refusal(spec: KernelSpec) -> str | None:
-    """Why `b_pack = hp` cannot be set for spec (None: it can)."""
+    """Why `b_pack = hp` cannot be set for spec (None: it can; asked of other targets' specs too)."""
     if spec.target != "ime2":
         return "b_pack = hp packs B for IME2's block-scaled `.hp` gemv; it needs target = ime2"
     if spec.op == "gemv":
         return None if spec.hp_blocks else ("b_pack = hp: the int8 gemv reads B as plainly packed; the gemv that reads "
                                             "this packing is the `.hp` one (set hp_blocks)")
-    for key, want in HP_GEMM_SHAPE.items():
-        if getattr(spec, key) != want:
-            shown = {"tile_m": "tile", "tile_n": "tile"}.get(key, key)
-            return (f"b_pack = hp is generated for the 8x32 gemm in Q4_0's format (tile = 8x32, panel = 32, bits = 4, "
-                    f"block = 32, zero_point = symmetric, scale_type = fp16, scales = inline, unpack = interleaved, "
-                    f"abi = imegen); {shown} differs")
-    return None
+    differs = _differing_setting(spec, HP_GEMM_SHAPE)
+    return differs and (f"b_pack = hp is generated for the 8x32 gemm in Q4_0's format (tile = 8x32, panel = 32, "
+                        f"bits = 4, block = 32, zero_point = symmetric, scale_type = fp16, scales = inline, "
+                        f"unpack = interleaved, abi = imegen); {differs} differs")
 
 
 def serving_k_unroll(block: int) -> int:
